@@ -1,0 +1,4 @@
+"""`moelab bench`."""
+from __future__ import annotations
+
+from moelab.cli.app import app  # noqa: F401

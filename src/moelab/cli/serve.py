@@ -1,0 +1,4 @@
+"""`moelab serve`."""
+from __future__ import annotations
+
+from moelab.cli.app import app  # noqa: F401

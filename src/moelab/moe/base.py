@@ -1,0 +1,64 @@
+"""The MoE runner interface: a stateless function from routed tokens and expert weights to output.
+
+The MoE layer owns the weights (an `ExpertWeights` in some format) and the router; a runner
+backend only computes
+
+    out[t] = sum_k topk_weights[t, k] * down_e( silu(gate_e(x[t])) * up_e(x[t]) ),  e = topk_ids[t, k]
+
+so any backend can be swapped per call in a test or a benchmark. Shapes:
+    x            [T, H]   activations (bf16/fp16/fp32)
+    topk_weights [T, K]   float32 router weights (already normalised if the model wants that)
+    topk_ids     [T, K]   int32/int64 expert ids
+    w13          [E, 2I, H]  gate rows first, then up rows (the fused layout the engines use)
+    w2           [E, H, I]
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING, ClassVar
+
+if TYPE_CHECKING:  # torch is an optional dependency of moelab's core
+    import torch
+
+
+class ExpertWeights(ABC):
+    """The experts of one layer in one weight format. Subclasses hold the tensors."""
+
+    fmt: ClassVar[str]  # "bf16" | "fp8" | "nvfp4"
+
+    @property
+    @abstractmethod
+    def shape(self) -> tuple[int, int, int]:
+        """(E, H, I): number of experts, hidden size, expert intermediate size."""
+
+    @abstractmethod
+    def dequantize(self, dtype: "torch.dtype") -> tuple["torch.Tensor", "torch.Tensor"]:
+        """Dense (w13 [E, 2I, H], w2 [E, H, I]) in `dtype` — what the format stands for."""
+
+    @abstractmethod
+    def nbytes(self) -> int:
+        """Bytes of all expert tensors (values and scales) as stored."""
+
+
+class MoERunner(ABC):
+    """One MoE runner backend. Holds no weights and no per-call state."""
+
+    name: ClassVar[str]
+    formats: ClassVar[tuple[str, ...]]  # weight formats this backend accepts
+
+    @classmethod
+    def unsupported_reason(cls, device: "torch.device", fmt: str) -> str | None:
+        """None when this backend can run `fmt` on `device`; else one plain sentence why not."""
+        if fmt not in cls.formats:
+            return f"the {cls.name} MoE runner does not take {fmt} weights (it takes {', '.join(cls.formats)})"
+        return None
+
+    @abstractmethod
+    def __call__(
+        self,
+        x: "torch.Tensor",
+        topk_weights: "torch.Tensor",
+        topk_ids: "torch.Tensor",
+        w: ExpertWeights,
+    ) -> "torch.Tensor":
+        """Return [T, H] in x.dtype."""
