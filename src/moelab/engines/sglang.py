@@ -1,0 +1,117 @@
+"""SGLang adapter: `python -m sglang.launch_server --model-path M --host H --port P ...`.
+
+Flag names are SGLang's own. The python that runs SGLang is $MOELAB_SGLANG_PYTHON, else this
+interpreter when it can import sglang. SGLang derives internal ports (scheduler, detokenizer,
+NCCL) from --port, so launches on one machine need ports with gaps; the supervisor picks them.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+from typing import ClassVar
+
+from moelab.engines.base import EngineAdapter
+from moelab.engines.flags import Catalogue, FlagProblem, load_or_build, preflight_verdict, validate
+from moelab.spec import LaunchSpec
+
+RULES = Path(__file__).parent.parent / "diagnose" / "rules" / "sglang.yaml"
+_ENTRY = ["-m", "sglang.launch_server"]
+
+
+@lru_cache(maxsize=4)
+def _version_in(python: str) -> str | None:
+    code = "import importlib.metadata as m\ntry: print(m.version('sglang'))\nexcept Exception: pass"
+    try:
+        return subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=30).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+def find_sglang() -> tuple[str, str] | None:
+    """(python, sglang version) of the SGLang this machine would run, or None."""
+    py = os.environ.get("MOELAB_SGLANG_PYTHON")
+    if py:
+        v = _version_in(py)
+        return (py, v) if v else None
+    if importlib.util.find_spec("sglang") is None:
+        return None
+    v = _version_in(sys.executable)
+    return (sys.executable, v) if v else None
+
+
+def _strip_prefix(args: list[str]) -> list[str]:
+    """Accept `python -m sglang.launch_server ...`, `sglang serve ...` or just the flags."""
+    args = list(args)
+    if len(args) >= 3 and Path(args[0]).name.startswith("python") and args[1:3] == _ENTRY:
+        return args[3:]
+    if args[:2] == _ENTRY:
+        return args[2:]
+    if args and Path(args[0]).name == "sglang":
+        args = args[1:]
+        return args[1:] if args[:1] == ["serve"] else args
+    return args
+
+
+class SglangAdapter(EngineAdapter):
+    name: ClassVar[str] = "sglang"
+    memory_fraction_flag: ClassVar[str] = "--mem-fraction-static"
+    # SGLang sizes the default by GPU memory and TP (about 0.8-0.9 on 80-192 GB GPUs); moelab assumes
+    # this value when the flag is absent and says so in the forecast.
+    memory_fraction_default: ClassVar[float] = 0.88
+    tp_flags: ClassVar[tuple[str, ...]] = ("--tp-size", "--tensor-parallel-size")
+    # SGLang's launch phases as its log announces them (sglang#8741 shows the sequence).
+    phase_patterns: ClassVar[tuple[tuple[str, str], ...]] = (
+        (r"Load weight begin|Loading safetensors checkpoint shards", "loading_weights"),
+        (r"KV Cache is allocated|Memory pool end", "kv_cache"),
+        (r"Capture cuda graph begin|Capturing batches|Capture cuda graph end", "cuda_graph"),
+        (r"The server is fired up and ready to roll|Uvicorn running on", "serving"),
+    )
+
+    def command(self, spec: LaunchSpec, port: int) -> tuple[list[str], dict[str, str]]:
+        found = find_sglang()
+        if found is None:
+            raise FileNotFoundError("sglang is not installed here: pip install sglang (needs a CUDA GPU), "
+                                    "or set MOELAB_SGLANG_PYTHON to the python of an environment that has it")
+        args = _strip_prefix(spec.args)
+        have = {a.split("=", 1)[0] for a in args}
+        extra = []
+        if "--host" not in have:
+            extra += ["--host", spec.host]
+        if "--port" not in have:
+            extra += ["--port", str(port)]
+        return [found[0], *_ENTRY, *args, *extra], {"PYTHONUNBUFFERED": "1"}
+
+    def version(self) -> str | None:
+        found = find_sglang()
+        return found[1] if found else None
+
+    def model_path(self, args: list[str]) -> str | None:
+        from moelab.engines.flags import parse_args
+
+        v = parse_args(_strip_prefix(args), self.flag_catalogue()).values.get("--model-path")
+        return v if isinstance(v, str) else None
+
+    def flag_catalogue(self) -> Catalogue:
+        found = find_sglang()
+        if found is None:
+            return load_or_build(self.name, None, None)
+        return load_or_build(self.name, found[1], [found[0], *_ENTRY, "--help"])
+
+    def check_args(self, args: list[str]) -> tuple[Catalogue, list[FlagProblem]]:
+        cat = self.flag_catalogue()
+        return cat, validate(_strip_prefix(args), cat)
+
+    def preflight(self, spec: LaunchSpec):
+        return preflight_verdict(self.name, self.flag_catalogue(), _strip_prefix(spec.args), spec.env)
+
+    def rules_path(self) -> Path:
+        return RULES
+
+    def fingerprint(self) -> dict:
+        from moelab.hw import fingerprint
+
+        return fingerprint(self.name, self.version())

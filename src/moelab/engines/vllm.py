@@ -1,0 +1,131 @@
+"""vLLM adapter: `vllm serve MODEL --host H --port P ...` in vLLM's own flag names.
+
+vLLM often lives in its own virtual environment (its pins clash with other packages; on CPU
+scripts/install-vllm-cpu.sh builds one), so the executable is found in this order:
+$MOELAB_VLLM (path to a `vllm` executable), `vllm` on PATH, then
+${MOELAB_VLLM_VENV:-/tmp/moelab-vllm-venv}/bin/vllm. Its version is read from that environment's
+package metadata by its own python, without importing vllm (which takes ~10 s).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import ClassVar
+
+from moelab.engines.base import EngineAdapter
+from moelab.engines.flags import Catalogue, FlagProblem, load_or_build, preflight_verdict, validate
+from moelab.spec import LaunchSpec
+
+DEFAULT_VENV = "/tmp/moelab-vllm-venv"
+RULES = Path(__file__).parent.parent / "diagnose" / "rules" / "vllm.yaml"
+
+
+@dataclass(frozen=True)
+class VllmInstall:
+    executable: str
+    python: str | None  # the interpreter of the environment the executable belongs to
+    version: str | None
+
+
+@lru_cache(maxsize=4)
+def _install_for(executable: str) -> VllmInstall:
+    py = Path(executable).with_name("python")
+    python = str(py) if py.exists() else None
+    version = None
+    if python:
+        code = ("import importlib.metadata as m\nfor d in ('vllm', 'vllm-cpu'):\n    try:\n"
+                "        print(m.version(d)); break\n    except m.PackageNotFoundError: pass")
+        try:
+            out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=30)
+            version = out.stdout.strip() or None
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    return VllmInstall(executable=executable, python=python, version=version)
+
+
+def find_vllm() -> VllmInstall | None:
+    """The vLLM this machine would run, or None."""
+    candidates = [os.environ.get("MOELAB_VLLM"), shutil.which("vllm"),
+                  str(Path(os.environ.get("MOELAB_VLLM_VENV", DEFAULT_VENV)) / "bin" / "vllm")]
+    for c in candidates:
+        if c and os.access(c, os.X_OK) and Path(c).is_file():
+            return _install_for(str(Path(c).absolute()))
+    return None
+
+
+def _strip_prefix(args: list[str]) -> list[str]:
+    """Accept `vllm serve M ...`, `serve M ...` or just `M ...` as the user's command line."""
+    args = list(args)
+    if args and Path(args[0]).name == "vllm":
+        args = args[1:]
+    if args and args[0] == "serve":
+        args = args[1:]
+    return args
+
+
+class VllmAdapter(EngineAdapter):
+    name: ClassVar[str] = "vllm"
+    memory_fraction_flag: ClassVar[str] = "--gpu-memory-utilization"
+    memory_fraction_default: ClassVar[float] = 0.9  # vLLM's default (--help)
+    tp_flags: ClassVar[tuple[str, ...]] = ("--tensor-parallel-size", "-tp")
+    # vLLM's launch phases as its log announces them (vLLM 0.32 wording; see tests/logs/vllm-*).
+    phase_patterns: ClassVar[tuple[tuple[str, str], ...]] = (
+        (r"Starting to load model|Loading safetensors checkpoint shards|Loading weights took", "loading_weights"),
+        (r"KV cache size: |GiB for KV cache|Available KV cache memory|Maximum concurrency for", "kv_cache"),
+        (r"Capturing CUDA graphs?|Graph capturing finished|torch\.compile takes", "cuda_graph"),
+        (r"init engine \(profile, create kv cache, warmup model\)", "warmup"),
+        (r"Starting vLLM (API )?server on|Application startup complete", "serving"),
+    )
+
+    def command(self, spec: LaunchSpec, port: int) -> tuple[list[str], dict[str, str]]:
+        inst = find_vllm()
+        if inst is None:
+            raise FileNotFoundError(
+                "vllm is not installed here: put `vllm` on PATH, set MOELAB_VLLM to its executable, "
+                "or run scripts/install-vllm-cpu.sh (CPU build into /tmp/moelab-vllm-venv)")
+        args = _strip_prefix(spec.args)
+        have = {a.split("=", 1)[0] for a in args}
+        extra = []
+        if "--host" not in have:
+            extra += ["--host", spec.host]
+        if "--port" not in have:
+            extra += ["--port", str(port)]
+        # Unbuffered logs so a supervisor sees the last line before a crash.
+        return [inst.executable, "serve", *args, *extra], {"PYTHONUNBUFFERED": "1"}
+
+    def version(self) -> str | None:
+        inst = find_vllm()
+        return inst.version if inst else None
+
+    def model_path(self, args: list[str]) -> str | None:
+        """The model: first positional after `serve`, or --model."""
+        args = _strip_prefix(args)
+        spec = LaunchSpec(engine=self.name, args=args)
+        if spec.flag("--model"):
+            return spec.flag("--model")
+        return args[0] if args and not args[0].startswith("-") else None
+
+    def flag_catalogue(self) -> Catalogue:
+        inst = find_vllm()
+        if inst is None or inst.version is None:
+            return load_or_build(self.name, None, None)
+        return load_or_build(self.name, inst.version, [inst.executable, "serve", "--help=all"])
+
+    def check_args(self, args: list[str]) -> tuple[Catalogue, list[FlagProblem]]:
+        cat = self.flag_catalogue()
+        return cat, validate(_strip_prefix(args), cat)
+
+    def preflight(self, spec: LaunchSpec):
+        return preflight_verdict(self.name, self.flag_catalogue(), _strip_prefix(spec.args), spec.env)
+
+    def rules_path(self) -> Path:
+        return RULES
+
+    def fingerprint(self) -> dict:
+        from moelab.hw import fingerprint
+
+        return fingerprint(self.name, self.version())

