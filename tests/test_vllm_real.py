@@ -46,9 +46,10 @@ def moelab(*args, timeout=240, env=None):
     return r.returncode, r.stdout, r.stderr
 
 
-def launch_json(model_args, *opts, env=None, timeout=240):
-    rc, out, err = moelab("launch", "--engine", "vllm", "--json", "--timeout", "180", *opts, "--", *model_args,
-                          timeout=timeout, env=env)
+def launch_json(model_args, *opts, env=None, timeout=240, out_dir=None):
+    out_opts = ["--out", str(out_dir)] if out_dir else []
+    rc, out, err = moelab("launch", "--engine", "vllm", "--json", "--timeout", "180", *out_opts, *opts, "--",
+                          *model_args, timeout=timeout, env=env)
     assert out.strip(), err[-2000:]
     return rc, json.loads(out)
 
@@ -78,19 +79,15 @@ def test_launch_probe_and_short_bench(model, tmp_path):
             assert p.poll() is None, p.communicate()[0][-3000:]
             assert time.monotonic() < deadline, "vLLM did not come up"
             time.sleep(0.5)
-        rc, help_out, _ = moelab("bench", "--help", timeout=60)
-        if "--url" in help_out:
-            rc, out, err = moelab("bench", "--url", f"http://127.0.0.1:{port}", "--concurrency", "1,4",
-                                  "--num-prompts", "8", "--input-len", "16", "--output-len", "16", "--json", timeout=180)
-            points = json.loads(out)["points"]  # exit 1 only means a point was marked invalid (2 busy cores)
-            for pt in points:
-                m = pt["metrics"]
-                assert (m["completed"], m["failed"]) == (8, 0), m["errors"]
-                assert m["output_throughput"] > 0 and m["ttft_ms"]["p50"] > 0
-                assert pt["valid"] or pt["invalid_reasons"], pt
-            assert rc == (0 if all(pt["valid"] for pt in points) else 1), err[-1000:]
-        else:
-            pytest.skip("moelab bench --url is not available in this tree yet")
+        rc, out, err = moelab("bench", "--url", f"http://127.0.0.1:{port}", "--concurrency", "1,4",
+                              "--num-prompts", "8", "--input-len", "16", "--output-len", "16", "--json", timeout=180)
+        points = json.loads(out)["points"]  # exit 1 only means a point was marked invalid (2 busy cores)
+        for pt in points:
+            m = pt["metrics"]
+            assert (m["completed"], m["failed"]) == (8, 0), m["errors"]
+            assert m["output_throughput"] > 0 and m["ttft_ms"]["p50"] > 0
+            assert pt["valid"] or pt["invalid_reasons"], pt
+        assert rc == (0 if all(pt["valid"] for pt in points) else 1), err[-1000:]
     finally:
         p.send_signal(signal.SIGINT)  # moelab tears the whole tree down
         out, err = p.communicate(timeout=90)
@@ -101,7 +98,7 @@ def test_launch_probe_and_short_bench(model, tmp_path):
     assert _get(f"http://127.0.0.1:{port}/health", 1) == 0
 
 
-def test_bad_flag_value_caught_before_launch_then_by_vllm(model):
+def test_bad_flag_value_caught_before_launch_then_by_vllm(model, tmp_path):
     t0 = time.monotonic()
     rc, out, _ = moelab("check", "--json", "--", "vllm", "serve", model, "--dtype", "bfloat61", *FLAGS[2:])
     d = json.loads(out)
@@ -109,20 +106,25 @@ def test_bad_flag_value_caught_before_launch_then_by_vllm(model):
     assert d["catalogue"]["origin"] in ("installed", "cache")  # from this vLLM's own --help
     assert d["flag_problems"][0]["suggestion"] == "bfloat16"
     assert time.monotonic() - t0 < 60
+    # `moelab launch` runs the same catalogue check and starts nothing.
+    rc, v = launch_json([model, "--dtype", "bfloat61", *FLAGS[2:]], out_dir=tmp_path / "pre")
+    assert rc == 1 and v["cause"] == "bad_args" and v["phase"] == "preflight", v
+    assert not (tmp_path / "pre" / "server.log").exists() or not (tmp_path / "pre" / "server.log").read_text()
     # With the check off, vLLM's own argparse rejects it (exit 2) and moelab reads that from the log.
-    rc, v = launch_json([model, "--dtype", "bfloat61", *FLAGS[2:]], env={**ENV, "MOELAB_NO_FLAG_CHECK": "1"})
+    rc, v = launch_json([model, "--dtype", "bfloat61", *FLAGS[2:]], env={**ENV, "MOELAB_NO_FLAG_CHECK": "1"},
+                        out_dir=tmp_path / "engine")
     assert rc == 1 and v["cause"] == "bad_args" and v["phase"] == "launch", v
     assert any("invalid choice: 'bfloat61'" in e["text"] for e in v["evidence"])
 
 
 def test_missing_model_path(model, tmp_path):
-    rc, v = launch_json([str(tmp_path / "no-such-model"), *FLAGS])
+    rc, v = launch_json([str(tmp_path / "no-such-model"), *FLAGS], out_dir=tmp_path / "trial")
     assert rc == 1 and v["cause"] == "model_load_error", v
     assert any("Repo id must be in the form" in e["text"] for e in v["evidence"])
 
 
-def test_memory_limit_too_small_is_host_oom(model):
-    rc, v = launch_json([model, *FLAGS], "--memory-limit", "1G")
+def test_memory_limit_too_small_is_host_oom(model, tmp_path):
+    rc, v = launch_json([model, *FLAGS], "--memory-limit", "1G", out_dir=tmp_path / "trial")
     assert rc == 1 and v["cause"] == "host_oom", v
     assert any(e["kind"] in ("cgroup", "kernel_log") for e in v["evidence"])
     # ... and the forecast would have said so before launching: 3 processes + 1 GiB KV > 1 GiB.

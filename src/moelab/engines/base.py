@@ -6,7 +6,9 @@ they are, and the adapter only adds what it must (host, port) when the user did 
 """
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import ClassVar
 
 from moelab.spec import LaunchSpec
@@ -25,3 +27,40 @@ class EngineAdapter(ABC):
     def version(self) -> str | None:
         """Installed engine version, or None when it is not installed here."""
         return None
+
+    # Log lines that mark the launch phase, first match wins: (regex, phase name). The embedded
+    # engine says `moelab.engine phase=<name>`; the others are the usual SGLang/vLLM/uvicorn lines.
+    phase_patterns: ClassVar[tuple[tuple[str, str], ...]] = (
+        (r"moelab\.engine phase=(?P<phase>\w+)", ""),
+        (r"Load(?:ing)? (?:model )?weights?|Loading safetensors|Starting to load model", "loading_weights"),
+        (r"Capturing (?:cuda )?graphs?|Capture cuda graph|[Ww]arm(?:ing)? ?up|autotun", "warmup"),
+        (r"Uvicorn running on|Application startup complete|The server is fired up|Starting vLLM API server",
+         "serving"),
+    )
+
+    def phase_of(self, line: str) -> str | None:
+        """The launch phase a log line announces, or None."""
+        for rx, phase in self.phase_patterns:
+            m = re.search(rx, line)
+            if m:
+                return m.groupdict().get("phase") or phase
+        return None
+
+    def completion_path(self) -> str:
+        """OpenAI-compatible endpoint the readiness check generates one token from."""
+        return "/v1/completions"
+
+    def model_path(self, args: list[str]) -> str | None:
+        """The model the arguments name, when the adapter can tell."""
+        return None
+
+    def preflight(self, spec: LaunchSpec):
+        """A Verdict (phase preflight) when the engine would reject spec.args before starting
+        (unknown flag or value in its flag catalogue), else None. Adapters without a catalogue
+        accept everything. MOELAB_NO_FLAG_CHECK=1 turns the check off (the engine then decides)."""
+        return None
+
+    def rules_path(self) -> Path | None:
+        """This engine's diagnosis rule file (diagnose/rules/<name>.yaml) if it has one."""
+        p = Path(__file__).parent.parent / "diagnose" / "rules" / f"{self.name}.yaml"
+        return p if p.exists() else None

@@ -1,0 +1,106 @@
+"""Log-signature rules as data: load them from YAML files beside this package.
+
+Rule file format (one file per engine: `rules/generic.yaml`, `rules/embedded.yaml`,
+`rules/vllm.yaml`, `rules/sglang.yaml` ...; `generic` applies to every engine)::
+
+    engine: vllm                     # the engine name this file is for ("generic" = all)
+    rules:
+      - id: vllm-cuda-oom            # unique, stable: stored with verdicts, cited in tests
+        pattern: 'CUDA out of memory'   # Python regex, searched (re.search) in each log line
+                                     # after rank/time prefixes are stripped
+        cause: gpu_oom               # a spec.Cause value (never a new string)
+        kind: root                   # root (default): a root error, the earliest one wins;
+                                     # wrapper: a generic "something failed above" line, used
+                                     #   only when no root error is found;
+                                     # ignore: a known-harmless line (e.g. shutdown noise)
+        phase: launch                # optional spec.Phase when the rule knows better than the
+                                     # supervisor's phase hint (rarely needed)
+        ignore_case: false           # optional
+        advice: >-                   # what to do next, in the words of the user's own flags
+          Lower --gpu-memory-utilization or --max-num-seqs, or raise --tensor-parallel-size.
+        source: sglang#4330          # issue, PR, file or "[gk]" the signature comes from
+
+On each line, `ignore` rules are tried first, then the engine's rules, then the generic ones, and
+the first rule that matches decides that line; so an engine file can refine a generic signature. The file lists are small; they are compiled once and cached.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+import yaml
+
+from moelab.spec import Cause, Phase
+
+RULES_DIR = Path(__file__).parent / "rules"
+KINDS = ("root", "wrapper", "ignore")
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    regex: re.Pattern
+    cause: Cause
+    kind: str = "root"
+    phase: Phase | None = None
+    advice: str = ""
+    source: str = ""
+    engine: str = "generic"
+
+
+class RuleError(ValueError):
+    """A rule file is malformed; the message names the file, the rule and what to fix."""
+
+
+def parse_rules(text: str, origin: str = "<string>") -> list[Rule]:
+    """Rules from the YAML text of one rule file; raises RuleError naming the bad rule."""
+    try:
+        doc = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        raise RuleError(f"{origin}: not valid YAML: {e}") from None
+    engine = str(doc.get("engine", "generic"))
+    out, seen = [], set()
+    for i, raw in enumerate(doc.get("rules") or []):
+        where = f"{origin}: rule #{i + 1} ({raw.get('id', '?') if isinstance(raw, dict) else raw!r})"
+        if not isinstance(raw, dict) or not raw.get("id") or not raw.get("pattern"):
+            raise RuleError(f"{where}: every rule needs an `id` and a `pattern`")
+        if raw["id"] in seen:
+            raise RuleError(f"{where}: duplicate id")
+        seen.add(raw["id"])
+        try:
+            cause = Cause(raw.get("cause", "unknown"))
+            phase = Phase(raw["phase"]) if raw.get("phase") else None
+        except ValueError as e:
+            raise RuleError(f"{where}: {e}; use a value from moelab.spec") from None
+        kind = raw.get("kind", "root")
+        if kind not in KINDS:
+            raise RuleError(f"{where}: kind {kind!r} is not one of {KINDS}")
+        try:
+            regex = re.compile(raw["pattern"], re.IGNORECASE if raw.get("ignore_case") else 0)
+        except re.error as e:
+            raise RuleError(f"{where}: bad regex: {e}") from None
+        out.append(Rule(id=raw["id"], regex=regex, cause=cause, kind=kind, phase=phase,
+                        advice=" ".join(str(raw.get("advice", "")).split()),
+                        source=str(raw.get("source", "")), engine=engine))
+    return out
+
+
+@lru_cache(maxsize=16)
+def load_rules(engine: str | None = None, rules_dir: Path = RULES_DIR) -> tuple[Rule, ...]:
+    """The engine's own rules (if it has a file) followed by the generic rules."""
+    files = []
+    if engine and engine != "generic" and (rules_dir / f"{engine}.yaml").exists():
+        files.append(rules_dir / f"{engine}.yaml")
+    files.append(rules_dir / "generic.yaml")
+    rules: list[Rule] = []
+    for f in files:
+        rules += parse_rules(f.read_text(), str(f.name))
+    # Known-harmless lines are recognised before anything else could misread them.
+    return tuple(sorted(rules, key=lambda r: r.kind != "ignore"))
+
+
+def rule_engines(rules_dir: Path = RULES_DIR) -> list[str]:
+    """Engines that have a rule file of their own."""
+    return sorted(p.stem for p in rules_dir.glob("*.yaml") if p.stem != "generic")

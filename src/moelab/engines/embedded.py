@@ -1,0 +1,37 @@
+"""The embedded engine adapter: `python -m moelab.cli serve ARGS` with this interpreter.
+
+The user's arguments are `moelab serve`'s own (SGLang dialect: --model-path, --moe-runner-backend,
+--quantization ...); the adapter only adds --host/--port when they are absent.
+"""
+from __future__ import annotations
+
+import sys
+from typing import ClassVar
+
+from moelab.engines.base import EngineAdapter
+from moelab.spec import LaunchSpec
+
+
+class EmbeddedAdapter(EngineAdapter):
+    name: ClassVar[str] = "embedded"
+
+    def command(self, spec: LaunchSpec, port: int) -> tuple[list[str], dict[str, str]]:
+        args = list(spec.args)
+        if args[:1] == ["serve"]:  # accept `moelab launch -- serve --preset tiny` too
+            args = args[1:]
+        have = {a.split("=", 1)[0] for a in args}
+        extra = []
+        if "--host" not in have:
+            extra += ["--host", spec.host]
+        if "--port" not in have:
+            extra += ["--port", str(port)]
+        return [sys.executable, "-m", "moelab.cli", "serve", *args, *extra], {"PYTHONUNBUFFERED": "1"}
+
+    def version(self) -> str | None:
+        from moelab import __version__
+
+        return __version__
+
+    def model_path(self, args: list[str]) -> str | None:
+        spec = LaunchSpec(args=args)
+        return spec.flag("--model-path") or spec.flag("--preset")

@@ -1,0 +1,284 @@
+"""Supervise one server launch: preflight, spawn, readiness, death or hang, teardown, verdict.
+
+    with Supervisor(spec, out_dir) as srv:
+        v = srv.wait_ready()      # None when ready (/health AND one real token, and the probe if
+                                  # probe=True), else the Verdict
+        srv.url, srv.model        # http://127.0.0.1:PORT, the served model name
+        srv.set_phase(Phase.load) # what the caller does now: the phase a death is blamed on
+        srv.record(verdict)       # a failed probe/load verdict of the caller's becomes the trial's
+        srv.alive_verdict()       # None while alive and answering, else the verdict of its death/hang
+    srv.result                    # LaunchResult: verdict, timings, telemetry, trial-folder paths
+
+The server runs in its own session and in a per-trial memory cgroup; its output goes unbuffered,
+time-stamped, to server.log. Leaving the `with` block always tears the whole tree down, also on
+KeyboardInterrupt; `launch()` turns SIGTERM into the same path.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from moelab.diagnose import classify
+from moelab.launch import hygiene, kernellog, preflight, readiness, trial, verdicts
+from moelab.launch.cgroup import MemoryCgroup
+from moelab.launch.logcapture import LogCapture
+from moelab.launch.proctree import MARKER, ProcessTree
+from moelab.launch.telemetry import Sampler, gpu_used_total
+from moelab.spec import Cause, Evidence, LaunchSpec, Phase, Verdict
+
+
+class Supervisor:
+    def __init__(self, spec: LaunchSpec, out_dir: Path, adapter=None, reference: Path | None = None,
+                 probe: bool = True, force: bool = False, grace_s: float = 10.0, stall_after_s: float = 60.0,
+                 hang_timeout_s: float = 10.0, on_progress=None, use_cgroup: bool = True) -> None:
+        from moelab.engines import ENGINES
+
+        self.spec, self.reference, self.probe, self.force = spec, reference, probe, force
+        self.adapter = adapter or ENGINES.create(spec.engine)
+        self.dir = trial.new_trial_dir(Path(out_dir) if out_dir else None)
+        self.grace_s, self.stall_after_s, self.hang_timeout_s = grace_s, stall_after_s, hang_timeout_s
+        self.on_progress, self.use_cgroup = on_progress, use_cgroup
+        self.port = spec.port
+        self.url: str | None = None
+        self.model: str | None = None
+        self.phase = Phase.preflight
+        self.verdict: Verdict | None = None  # the first failure seen; None while all is well
+        self.result: trial.LaunchResult | None = None
+        self.notes: list[str] = []
+        self.timings: dict[str, float | None] = {}
+        self.proc = self.log = self.tree = self.sampler = self.cgroup = None
+        self._ready = False
+        self._pool = cf.ThreadPoolExecutor(2, thread_name_prefix="moelab-http")
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def __enter__(self) -> "Supervisor":
+        try:
+            self.start()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, et, ev, tb) -> bool:
+        if isinstance(ev, KeyboardInterrupt) and self._ready:
+            self.notes.append("stopped by an interrupt of moelab (SIGINT/SIGTERM) after it was ready")
+        elif isinstance(ev, KeyboardInterrupt) and self.verdict is None:
+            self.verdict = Verdict(cause=Cause.unknown, phase=self.phase, advice="Interrupted; nothing was judged.",
+                                   evidence=[Evidence(kind="interrupt", text="moelab was interrupted (SIGINT/SIGTERM)")])
+        elif ev is not None and not isinstance(ev, KeyboardInterrupt) and self.verdict is None:
+            # The caller's own code failed inside the `with`: never let that pass as ok.
+            self.verdict = Verdict(cause=Cause.unknown, phase=self.phase, advice="moelab itself failed; see the error.",
+                                   evidence=[Evidence(kind="error", text=f"{type(ev).__name__}: {ev}")])
+        self.close()
+        return False
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        host, port = self.spec.host, self.port or preflight.pick_port(self.spec.host)
+        self.port = port
+        self.notes.append(preflight.host_ram_note())
+        bad = preflight.check_port(host, port)
+        gpu_bad, gpu_notes = preflight.check_gpus(self.spec.gpus, self.force)
+        self.notes += gpu_notes
+        # The adapter's own check (flag catalogue of the installed engine): a bad flag is a verdict
+        # before any process starts. MOELAB_NO_FLAG_CHECK=1 leaves the decision to the engine.
+        flags_bad = self.adapter.preflight(self.spec)
+        if bad or gpu_bad or flags_bad:
+            self.verdict = bad or gpu_bad or flags_bad
+            return
+        self.gpu_baseline = gpu_used_total()
+        self.phase = Phase.launch
+        argv, adapter_env = self.adapter.command(self.spec, port)
+        self.argv, self.marker = argv, uuid.uuid4().hex
+        env, self.secrets = trial.prepare(self.dir, self.spec, argv, adapter_env)
+        env[MARKER] = self.marker  # inherited by every descendant: found again even after setsid
+        self.cgroup = MemoryCgroup(self.spec.memory_limit_bytes, try_cgroup=self.use_cgroup)
+        self.notes.append(self.cgroup.note)
+        try:
+            self.proc = subprocess.Popen(self.cgroup.wrap(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                         stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        except OSError as e:  # no such executable (only without the sh wrapper; with it sh exits 127)
+            self.cgroup.remove()
+            self.verdict = Verdict(cause=Cause.bad_args, phase=Phase.launch, evidence=[
+                Evidence(kind="spawn", text=f"{argv[0]}: {e.strerror or e}")], advice=verdicts.NOT_FOUND_ADVICE)
+            return
+        self.url = f"http://{host}:{port}"
+        self.tree = ProcessTree(self.proc.pid, self.marker, self.cgroup.pids)
+        self.log = LogCapture(self.proc.stdout, self.dir / "server.log", self.adapter.phase_of)
+        self.sampler = Sampler(self.tree, self.log, self.dir / "telemetry.jsonl", lambda: self.proc.poll() is not None,
+                               self.cgroup.usage, stall_after_s=self.stall_after_s)
+
+    # -- while running ----------------------------------------------------------------------
+    def _progress(self) -> None:
+        if self.on_progress and self.sampler:
+            s = self.sampler
+            self.on_progress({"elapsed_s": time.monotonic() - self.t0, "phase": self.log.phase,
+                              "rss_bytes": s.last_rss, "gpu_bytes": s.peak_gpu if s.gpu_seen else None,
+                              "stalled_s": s.stalled_for if s.stalled_for >= self.stall_after_s else None})
+
+    def _await(self, fn, *args, timeout: float):
+        """Run a blocking HTTP check in the worker thread while watching the process every 0.1 s."""
+        fut = self._pool.submit(fn, *args)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return fut.result(timeout=0.1)
+            except cf.TimeoutError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    return None  # the thread finishes on its own (its own socket timeout)
+                self._progress()
+
+    def wait_ready(self) -> Verdict | None:
+        if self.verdict is not None or self._ready:
+            return self.verdict
+        deadline, port_seen, checked_owner = self.t0 + self.spec.timeout_s, False, False
+        host, notes = self.spec.host, []
+        while True:
+            if self.proc.poll() is not None:
+                return self._died()
+            if self.log.port_error_at and time.monotonic() - self.log.port_error_at > 1.5:
+                return self._fail(classify(self.log.snapshot(), engine=self.adapter.name, phase_hint="launch"))
+            if time.monotonic() > deadline:
+                last = (len(self.log.lines), self.log.lines[-1]) if self.log.lines else None
+                return self._fail(verdicts.startup_timeout(self.spec.timeout_s, self.log.phase, self.log.phase_line,
+                                                           last, self.sampler.stalled_for, port_seen, notes,
+                                                           self.stall_after_s))
+            self._progress()
+            if not readiness.port_open(host, self.port, 0.2):
+                time.sleep(0.1)
+                continue
+            if not port_seen:
+                port_seen, self.timings["port_open_s"] = True, time.monotonic() - self.t0
+            if not checked_owner:
+                checked_owner = True
+                holders = preflight.port_holders(self.port)
+                mine = {p.pid for p in self.tree.refresh()}
+                if holders and not any(pid in mine for pid, _ in holders):
+                    return self._fail(verdicts.foreign_listener(self.port, holders))
+            r = self._await(readiness.health, self.url, self.adapter.health_path(), timeout=5)
+            if r is None or not r[0]:
+                notes.append(r[1] if r else "GET /health did not answer")
+                time.sleep(0.2)
+                continue
+            if self.model is None:
+                self.model = self._await(readiness.served_model, self.url, timeout=5)
+            left = max(1.0, deadline - time.monotonic())
+            r = self._await(readiness.one_token, self.url, self.model, self.adapter.completion_path(),
+                            min(left, 60.0), timeout=min(left, 60.0))
+            if r is None or not r[0]:
+                notes.append(r[1] if r else "POST /v1/completions did not answer")
+                time.sleep(0.2)
+                continue
+            self.timings["ready_s"] = time.monotonic() - self.t0
+            self._ready, self.phase = True, Phase.probe
+            self.notes.append(r[1])
+            return self._run_probe() if self.probe else None
+
+    def _run_probe(self) -> Verdict | None:
+        t = time.monotonic()
+        try:
+            v = hygiene.run_probe_gate(self.url, self.model, self.reference, self.notes,
+                                       hygiene.weight_format(self.spec.flag("--quantization")))
+        except Exception as e:  # the probe could not even talk to the server: did it die or hang?
+            self.notes.append(f"probe raised {type(e).__name__}: {e}")
+            return self.alive_verdict() or self._fail(Verdict(cause=Cause.unknown, phase=Phase.probe,
+                                                              evidence=[Evidence(kind="probe", text=str(e))]))
+        self.timings["probe_s"] = time.monotonic() - t
+        return None if v is None else (self.alive_verdict() or self._fail(v))
+
+    def set_phase(self, phase: Phase) -> None:
+        """Tell the supervisor what the caller is doing now (probe, load), for the phase of a death."""
+        self.phase = phase
+
+    def record(self, v: Verdict) -> None:
+        """Record the caller's failed verdict (probe/load) as the trial's verdict, if none yet."""
+        if not v.ok:
+            self._fail(v)
+
+    def alive_verdict(self) -> Verdict | None:
+        """None while the server is alive and answers (health and one token), else why not."""
+        if self.verdict is not None:
+            return self.verdict
+        if self.proc is None:
+            return None
+        if self.proc.poll() is not None:
+            return self._died()
+        notes = []
+        for fn, args in ((readiness.health, (self.url, self.adapter.health_path(), self.hang_timeout_s)),
+                         (readiness.one_token, (self.url, self.model, self.adapter.completion_path(), self.hang_timeout_s))):
+            r = self._await(fn, *args, timeout=self.hang_timeout_s + 1)
+            if self.proc.poll() is not None:
+                return self._died()
+            if r is None or not r[0]:
+                notes.append(r[1] if r else f"no answer within {self.hang_timeout_s:.0f} s")
+                break
+        if not notes:
+            return None
+        for _ in range(20):  # an engine that is dying (vLLM answers 500 first) gets 2 s to exit
+            if self.proc.poll() is not None:
+                return self._died()
+            time.sleep(0.1)
+        last = (len(self.log.lines), self.log.lines[-1]) if self.log.lines else None
+        return self._fail(verdicts.hang(self.phase, notes, self.sampler.stalled_for, last))
+
+    # -- verdicts ---------------------------------------------------------------------------
+    def _fail(self, v: Verdict) -> Verdict:
+        if self.verdict is None:
+            self.verdict = v
+            self.timings["verdict_s"] = time.monotonic() - self.t0
+        return self.verdict
+
+    def _died(self) -> Verdict:
+        if self.verdict is not None:
+            return self.verdict
+        noticed = time.monotonic()
+        rc = self.proc.poll()
+        self.log.drain(0.5)  # the last lines; a grandchild may still hold the pipe open
+        oom = self.cgroup.oom_evidence(self.sampler.last_rss or None)
+        segv: list[str] = []
+        if rc is not None and rc < 0:  # killed by a signal: ask the kernel log about our PIDs
+            oom.kernel_lines, segv = kernellog.lines_for(set(self.tree.known))
+        v = verdicts.died(self.log.snapshot(), rc, self.adapter.name, oom, segv,
+                          self.phase if self._ready else Phase.launch)
+        v.detail.update(log_phase=self.log.phase, died_after_s=round(noticed - self.t0, 3),
+                        verdict_after_death_s=round(time.monotonic() - noticed, 3))
+        return self._fail(v)
+
+    # -- teardown ---------------------------------------------------------------------------
+    def close(self) -> trial.LaunchResult:
+        if self.result is not None:
+            return self.result
+        v = self.verdict
+        if self.proc is not None:
+            if v is None and self.proc.poll() is not None:
+                v = self._died()
+            rep = self.tree.teardown(self.grace_s)
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+            self.sampler.stop()
+            self.log.close()
+            rep.port_free = hygiene.wait_port_free(self.spec.host, self.port)
+            rep.gpu_back, rep.gpu_note = hygiene.gpu_back(self.gpu_baseline)
+            if not self.cgroup.remove():
+                self.notes.append(f"could not remove {self.cgroup.path}")
+            if v is None:
+                v = self._final_ok()
+            v = verdicts.with_teardown(v, rep, self.port)
+            self.timings["teardown_s"] = rep.seconds
+        elif v is None:
+            v = self._final_ok()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        self.result = trial.finish(self.dir, v, self.notes, url=self.url, model=self.model, timings=self.timings,
+                                   telemetry={**(self.sampler.summary() if self.sampler else {}),
+                                              "cgroup": self.cgroup.note if self.cgroup else None},
+                                   launched=self.proc is not None, argv=getattr(self, "argv", []),
+                                   secrets=getattr(self, "secrets", []))
+        return self.result
+
+    def _final_ok(self) -> Verdict:
+        return verdicts.ready(self.phase, self.notes) if self._ready else verdicts.not_judged(self.phase)

@@ -1,0 +1,149 @@
+"""A real, small OpenAI-compatible server that prints a scripted log and dies in a scripted way.
+
+Stdlib only, so it behaves like an engine process and not like moelab. Modes (--mode):
+  ok          log phases, serve /health, /v1/models, /v1/completions until SIGTERM
+  traceback   SGLang-style interleaved ranks: a CUDA OOM traceback on TP1, then wrapper lines, exit 1
+  grow        allocate and touch 32 MiB chunks while "loading weights" (killed by a memory limit)
+  sigkill     print a few lines, then SIGKILL itself (no OOM involved)
+  segv        dereference NULL through ctypes: a real SIGSEGV
+  hang_load   print "Loading weights", then sleep forever without opening the port
+  noport      keep logging heartbeats but never open the port
+  hang_ready  serve one completion (readiness), then every request blocks forever and logging stops
+  steal       a helper child takes the port first, then this process fails to bind (Errno 98), exit 1
+  grandchild  like ok, but first leave a grandchild behind in a session of its own
+"""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+BLOCK = threading.Event()  # set -> hang_ready: requests never return
+
+
+def log(msg: str, rank: str | None = None) -> None:
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    print(f"[{stamp}{' ' + rank if rank else ''}] {msg}", flush=True)
+
+
+class Handler(BaseHTTPRequestHandler):
+    mode = "ok"
+    served = 0
+
+    def log_message(self, fmt, *args):  # keep the log scripted
+        pass
+
+    def _json(self, code: int, obj: dict) -> None:
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if BLOCK.is_set():
+            threading.Event().wait()
+        if self.path == "/health":
+            self._json(200, {})
+        elif self.path == "/v1/models":
+            self._json(200, {"object": "list", "data": [{"id": "fake-moe", "object": "model"}]})
+        else:
+            self._json(404, {"error": "not found"})
+
+    def do_POST(self):
+        if BLOCK.is_set():
+            threading.Event().wait()
+        n = int(self.headers.get("Content-Length") or 0)
+        req = json.loads(self.rfile.read(n) or b"{}")
+        Handler.served += 1
+        self._json(200, {"id": "cmpl-1", "object": "text_completion", "model": req.get("model"),
+                         "choices": [{"index": 0, "text": " Paris", "finish_reason": "length"}],
+                         "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}})
+        if Handler.mode == "hang_ready":
+            BLOCK.set()  # the scheduler "deadlocks" right after the first token
+
+
+def serve(port: int, mode: str) -> None:
+    Handler.mode = mode
+    httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    httpd.daemon_threads = True
+    signal.signal(signal.SIGTERM, lambda *a: (log("Received SIGTERM, shutting down"), os._exit(0)))
+    log(f"Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C to quit)")
+    httpd.serve_forever()
+
+
+def load_phases() -> None:
+    log("server_args=ServerArgs(model_path='fake-moe', tp_size=2, moe_runner_backend='auto')")
+    for r in ("TP0", "TP1"):
+        log("Load weight begin. avail mem=78.50 GB", r)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mode", default="ok")
+    ap.add_argument("--port", type=int, required=True)
+    ap.add_argument("--tag", default="", help="ignored; lets a test find its own processes")
+    ap.add_argument("--api-key", default=None, help="accepted like a real server's, never printed")
+    a = ap.parse_args()
+    load_phases()
+    if a.mode in ("ok", "hang_ready"):
+        serve(a.port, a.mode)
+    elif a.mode == "grandchild":
+        # Double fork: the grandchild starts a session of its own and its parent exits at once, so
+        # it is re-parented to init and out of reach of the server's process group.
+        code = "import os,time\nif os.fork()==0:\n    os.setsid(); time.sleep(3600)\n"
+        subprocess.run([sys.executable, "-c", code], check=True)
+        log("spawned a detached helper")
+        serve(a.port, "ok")
+    elif a.mode == "traceback":
+        log("Scheduler hit an exception: Traceback (most recent call last):", "TP1")
+        log("Load weight end. type=Qwen3MoeForCausalLM, avail mem=40.10 GB", "TP0")
+        for ln in ['  File "/sglang/srt/managers/scheduler.py", line 2712, in run_scheduler_process',
+                   "    scheduler = Scheduler(server_args, port_args, gpu_id, tp_rank)",
+                   '  File "/sglang/srt/model_executor/model_runner.py", line 301, in init_memory_pool',
+                   "    self.req_to_token_pool = ReqToTokenPool(size=max_num_reqs)"]:
+            log(ln, "TP1")
+        log("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB. GPU 1 has a total "
+            "capacity of 79.10 GiB of which 1.20 GiB is free.", "TP1")
+        log("Received sigquit from a child process. It usually means the child failed.")
+        print("RuntimeError: Rank 1 scheduler is dead. Please check if there are relevant logs.", flush=True)
+        sys.exit(1)
+    elif a.mode == "grow":
+        hold = []
+        for i in range(10_000):
+            hold.append(bytearray(32 << 20))  # bytearray zero-fills: the pages are really touched
+            log(f"Loading safetensors checkpoint shards: {i + 1} x 32 MiB", "TP0")
+            time.sleep(0.05)  # about 640 MiB/s: the sampler (5 Hz) sees it grow
+    elif a.mode == "sigkill":
+        log("Loading safetensors checkpoint shards: 1/4", "TP0")
+        os.kill(os.getpid(), signal.SIGKILL)
+    elif a.mode == "segv":
+        log("Capturing cuda graph bs [1, 2, 4]", "TP0")
+        ctypes.string_at(0)
+    elif a.mode == "hang_load":
+        log("Loading safetensors checkpoint shards: 1/4", "TP0")
+        time.sleep(3600)
+    elif a.mode == "noport":
+        while True:
+            log("waiting for the tokenizer manager ...")
+            time.sleep(0.5)
+    elif a.mode == "steal":
+        holder = subprocess.Popen([sys.executable, "-c", "import socket,time\ns=socket.socket();"
+                                   f"s.bind(('127.0.0.1',{a.port}));s.listen();print('bound',flush=True);time.sleep(3600)"],
+                                  stdout=subprocess.PIPE)
+        holder.stdout.readline()
+        serve(a.port, "ok")  # bind fails: the helper holds the port -> traceback, exit 1
+    else:
+        ap.error(f"unknown --mode {a.mode}")
+
+
+if __name__ == "__main__":
+    main()

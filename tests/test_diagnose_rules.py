@@ -1,0 +1,124 @@
+"""Every diagnosis rule on a realistic log excerpt (tier 1: pure, milliseconds).
+
+The excerpts follow the shapes in research/moe-backends-and-failures.md §4 and the vLLM CPU
+feasibility notes §4: SGLang's "[time TPn]" prefixes, vLLM's "(EngineCore_DP0 pid=..)" prefixes,
+tracebacks followed by wrapper lines. A rule added to generic.yaml or embedded.yaml without an
+entry here fails test_every_rule_has_a_case.
+"""
+from __future__ import annotations
+
+import pytest
+
+from moelab.diagnose import classify, load_rules
+from moelab.spec import Cause
+
+SG = "[2026-11-30 09:14:20 TP{r}] "
+VL = "(EngineCore_DP0 pid=4242) "
+SIGQUIT = "[2026-11-30 09:15:10] Received sigquit from a child process. It usually means the child failed."
+VLLM_WRAP = "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}"
+
+
+def tb(prefix: str, exc: str, frames: int = 2) -> list[str]:
+    out = [prefix + "Traceback (most recent call last):"]
+    for i in range(frames):
+        out += [prefix + f'  File "/sgl/srt/layer_{i}.py", line {100 + i}, in forward', prefix + "    out = op(x)"]
+    return out + [prefix + exc]
+
+
+# (rule id, log lines, classify kwargs, expected cause)
+CASES = [
+    ("kernel-oom-killer", ["INFO 11-30 09:14:02 [loader.py:77] Loading weights took 40.1 s",
+                           "[12345.678] Out of memory: Killed process 4242 (python3) total-vm:91234567kB"],
+     {"exit_code": 137}, Cause.host_oom),
+    ("cpu-alloc-failed", [VL + "INFO Allocating KV cache", *tb(VL, "RuntimeError: [enforce fail at alloc_cpu.cpp:127] "
+                          "err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 6442450944 bytes. "
+                          "Error code 12 (Cannot allocate memory)"), VLLM_WRAP], {"exit_code": 1}, Cause.host_oom),
+    ("shell-killed", ["[2026-11-30 09:14:20 TP0] Load weight begin. avail mem=78.50 GB", "Killed"], {}, Cause.killed_external),
+    ("cuda-oom", [*tb(SG.format(r=1), "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB."),
+                  SIGQUIT], {"exit_code": 1}, Cause.gpu_oom),
+    ("kv-cache-no-room", [SG.format(r=0) + "Load weight end. avail mem=2.10 GB",
+                          *tb(SG.format(r=0), "RuntimeError: Not enough memory. Please try to increase "
+                              "--mem-fraction-static. Current value: mem_fraction_static=0.8"), SIGQUIT],
+     {"exit_code": 137}, Cause.gpu_oom),
+    ("cublas-alloc-failed", tb(VL, "RuntimeError: CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`")
+     + [VLLM_WRAP], {"exit_code": 1}, Cause.gpu_oom),
+    ("illegal-memory-access", [SG.format(r=0) + "Capture cuda graph begin.",
+                               *tb(SG.format(r=1), "RuntimeError: CUDA error: an illegal memory access was encountered"),
+                               *tb(SG.format(r=0), "RuntimeError: CUBLAS_STATUS_EXECUTION_FAILED when calling cublasGemmEx"),
+                               SIGQUIT], {"exit_code": -9}, Cause.illegal_memory_access),
+    ("cublas-execution-failed", tb(VL, "RuntimeError: CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling "
+                                   "`cublasLtMatmul( ltHandle, computeDesc.descriptor(), ...)`") + [VLLM_WRAP],
+     {"exit_code": 1}, Cause.illegal_memory_access),
+    ("no-kernel-image", tb(VL, "torch.AcceleratorError: CUDA error: no kernel image is available for execution "
+                           "on the device") + [VLLM_WRAP], {"exit_code": 1}, Cause.unsupported_arch),
+    ("arch-gate", tb(SG.format(r=0), "RuntimeError: FlashInfer-CUTLASS MoE kernel does not support current device sm_120")
+     + [SIGQUIT], {"exit_code": 1}, Cause.unsupported_arch),
+    ("no-tactic", tb(SG.format(r=2), "RuntimeError: [TensorRT-LLM][ERROR] TrtllmGenBatchedGemmRunner: "
+                     "No kernel found for the given options") + [SIGQUIT], {"exit_code": 1}, Cause.unsupported_arch),
+    ("smem-out-of-resources", tb(SG.format(r=0), "triton.runtime.errors.OutOfResources: out of resource: shared "
+                                 "memory, Required: 147456, Hardware limit: 101376. Reducing block sizes or "
+                                 "`num_stages` may help.") + [SIGQUIT], {"exit_code": 1}, Cause.kernel_resource_limit),
+    ("jit-compile", tb(VL, "triton.compiler.errors.CompilationError: at 12:4: Internal Triton PTX codegen error")
+     + [VLLM_WRAP], {"exit_code": 1}, Cause.jit_compile_error),
+    ("nccl-watchdog", [SG.format(r=3) + "[rank3]:[E1130 09:25:11 ProcessGroupNCCL.cpp:632] Watchdog caught "
+                       "collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, NumelIn=1, "
+                       "Timeout(ms)=600000) ran for 600012 milliseconds before timing out.", SIGQUIT],
+     {"exit_code": -6}, Cause.collective_error),
+    ("peer-access", tb(SG.format(r=0), "RuntimeError: CUDA error: peer access is not supported between these two "
+                       "devices") + [SIGQUIT], {"exit_code": 1}, Cause.collective_error),
+    ("nccl-error", tb(VL, "torch.distributed.DistBackendError: NCCL error in: ProcessGroupNCCL.cpp:1970, "
+                      "unhandled system error (run with NCCL_DEBUG=INFO for details)") + [VLLM_WRAP],
+     {"exit_code": 1}, Cause.collective_error),
+    ("nccl-peer-died", [SG.format(r=0) + "RuntimeError: NCCL error: remote process exited or there was a network error",
+                        SIGQUIT], {"exit_code": 1}, Cause.collective_error),
+    ("nan-sampling", tb(SG.format(r=0), "RuntimeError: probability tensor contains either `inf`, `nan` or element < 0")
+     + [SIGQUIT], {"exit_code": 1}, Cause.numerical_nan),
+    ("argparse-error", ["usage: vllm serve [model_tag] [options]",
+                        "vllm serve: error: argument --dtype: invalid choice: 'nonsense' (choose from 'auto', 'bfloat16')"],
+     {"exit_code": 2}, Cause.bad_args),
+    ("argparse-usage", ["usage: llama-server [options]", "llama-server: too many positional values"],
+     {"exit_code": 2}, Cause.bad_args),
+    ("command-not-found", ["moelab-cg: 1: exec: llama-server: not found"], {"exit_code": 127}, Cause.bad_args),
+    ("invalid-combination", tb(SG.format(r=0), "AssertionError: The expert parallel size must be 1 or the same as "
+                               "the tensor parallel size"), {"exit_code": 1}, Cause.bad_args),
+    ("model-files", ["(APIServer pid=77) INFO 11-30 09:14:02 [api_server.py:1885] vLLM API server version 0.32.0",
+                     *tb("(APIServer pid=77) ", "OSError: Repo id must be in the form 'repo_name' or "
+                         "'namespace/repo_name': '/tmp/vllmcpu/does-not-exist'")], {"exit_code": 1}, Cause.model_load_error),
+    ("unknown-architecture", tb(VL, "ValueError: The checkpoint you are trying to load has model type `qwen3_5_moe` "
+                                "but Transformers does not recognize this architecture.") + [VLLM_WRAP],
+     {"exit_code": 1}, Cause.model_load_error),
+    ("address-in-use", tb("(APIServer pid=77) ", "OSError: [Errno 98] Address already in use"), {"exit_code": 1},
+     Cause.port_in_use),
+    ("sglang-sigquit", [SG.format(r=0) + "Load weight begin.", SIGQUIT, "Killed"], {"exit_code": 137}, Cause.killed_external),
+    ("vllm-engine-core", [VL + "INFO Initializing a V1 LLM engine", VLLM_WRAP], {"exit_code": 1}, Cause.unknown),
+    ("capture-cuda-graph", [SG.format(r=0) + "Capture cuda graph failed: see above. Possible solutions: 1. set "
+                            "--mem-fraction-static to a smaller value"], {"exit_code": -11}, Cause.native_crash),
+    ("harmless-shutdown", ["(APIServer pid=77) WARNING [shutdown] Process manager: force killing remaining process "
+                           "EngineCore", "resource_tracker: There appear to be 2 leaked shared_memory objects"],
+     {"exit_code": 0}, Cause.unknown),
+    ("embedded-bad-args", ["usage: moelab serve [-h] [--quantization {none,fp8,nvfp4}]",
+                           "moelab serve: error: argument --quantization: nvfp4 needs --moe-runner-backend triton or reference"],
+     {"exit_code": 2, "engine": "embedded"}, Cause.bad_args),
+    ("embedded-nan", ["moelab.engine phase=ready port=8000", "moelab.engine error: non-finite logits in layer 3 (nan)"],
+     {"exit_code": 1, "engine": "embedded"}, Cause.numerical_nan),
+]
+
+
+@pytest.mark.parametrize("rule_id,lines,kw,cause", CASES, ids=[c[0] for c in CASES])
+def test_rule_on_realistic_log(rule_id, lines, kw, cause):
+    v = classify(lines, **kw)
+    assert v.cause is cause, v
+    log_ev = [e for e in v.evidence if e.kind == "log"]
+    if cause is not Cause.unknown:
+        assert v.advice, "a cause needs advice"
+    if v.detail["rule"] is not None:
+        # Which rule fired is recorded, and its evidence line points at a line that contains its text.
+        if rule_id not in ("sglang-sigquit", "vllm-engine-core", "capture-cuda-graph", "harmless-shutdown"):
+            assert v.detail["rule"] == rule_id
+        ev = log_ev[0]
+        assert ev.text in lines[ev.line - 1]
+
+
+def test_every_rule_has_a_case():
+    ids = {r.id for r in load_rules("embedded")}
+    assert ids - {c[0] for c in CASES} == set()
