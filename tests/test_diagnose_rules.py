@@ -101,6 +101,14 @@ CASES = [
      {"exit_code": 2, "engine": "embedded"}, Cause.bad_args),
     ("embedded-nan", ["moelab.engine phase=ready port=8000", "moelab.engine error: non-finite logits in layer 3 (nan)"],
      {"exit_code": 1, "engine": "embedded"}, Cause.numerical_nan),
+    ("embedded-needs-cuda", ["moelab.engine phase=start pid=23937 model=preset:tiny torch=2.13.0+cpu",
+                             "moelab serve: error: argument --moe-runner-backend: 'triton' cannot run here: the triton "
+                             "MoE runner needs a CUDA GPU (device is cpu); use --moe-runner-backend auto or one of "
+                             "reference, grouped"], {"exit_code": 2, "engine": "embedded"}, Cause.unsupported_arch),
+    ("embedded-model-load", ["moelab.engine phase=start pid=23937 model=/models/broken torch=2.13.0+cpu",
+                             "moelab serve: error: cannot load the model: /models/broken/config.json: "
+                             "Expecting value: line 1 column 1 (char 0)"], {"exit_code": 1, "engine": "embedded"},
+     Cause.model_load_error),
 ]
 
 

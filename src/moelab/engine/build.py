@@ -1,0 +1,119 @@
+"""From a validated `ServerConfig` to a warmed-up `Engine`, logging each startup phase.
+
+Phases (one flushed line each, `moelab.engine phase=<name> ...`): start, building_weights or
+loading_weights (per layer), quantizing (per layer, when a format is asked for), warmup; the
+server logs `ready` once it listens.
+"""
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from moelab.engine.checkpoint import load_checkpoint, random_weights, read_config, save_checkpoint
+from moelab.engine.config import PRESETS, ModelConfig, Resolved, ServerConfig, resolve
+from moelab.engine.model import Qwen3Moe
+from moelab.engine.runtime import Engine, phase
+from moelab.engine.scheduler import SamplingParams, Scheduler, Sequence
+from moelab.engine.tokenizer import load_tokenizer
+from moelab.moe import RUNNERS, quantize_experts
+from moelab.moe.base import ExpertWeights
+
+
+def _progress(name: str):
+    def report(i: int, n: int) -> None:
+        phase(name, f"layer {i}/{n}")
+
+    return report
+
+
+def load_weights(cfg: ServerConfig, res: Resolved, model_cfg: ModelConfig
+                 ) -> tuple[dict[str, torch.Tensor], list[ExpertWeights]]:
+    """Dense tensors and per-layer experts in the resolved format, on the resolved device."""
+    dtype, device = getattr(torch, res.dtype), torch.device(res.device)
+    if cfg.preset:
+        phase("building_weights", f"preset={cfg.preset} seed={cfg.seed} layers={model_cfg.num_hidden_layers} "
+              f"params={model_cfg.num_params / 1e6:.2f}M ({model_cfg.num_params * dtype.itemsize / 2**20:.1f} MiB)")
+        dense, raw = random_weights(model_cfg, cfg.seed, dtype, device, _progress("building_weights"))
+    else:
+        phase("loading_weights", f"path={cfg.model_path} layers={model_cfg.num_hidden_layers}")
+        _, dense, loaded = load_checkpoint(Path(cfg.model_path), dtype, device, _progress("loading_weights"))
+        if all(w.fmt == res.weight_format for w in loaded):
+            return dense, loaded
+        raw = [list(w.dequantize(dtype)) for w in loaded]
+    if res.weight_format != "bf16":
+        phase("quantizing", f"format={res.weight_format} layers={len(raw)}")
+    experts = []
+    for i, (w13, w2) in enumerate(raw):
+        if res.weight_format == "bf16":
+            experts.append(quantize_experts(w13, w2, "bf16", dtype=dtype))
+        else:
+            experts.append(quantize_experts(w13, w2, res.weight_format))
+            phase("quantizing", f"layer {i + 1}/{len(raw)}")
+        raw[i] = None  # free the dense copy as we go: the small preset's experts are GBs
+    return dense, experts
+
+
+def model_config(cfg: ServerConfig) -> tuple[ModelConfig, str]:
+    """(model config, expert format the checkpoint stores) without loading any weights."""
+    if cfg.preset:
+        return PRESETS[cfg.preset], "bf16"
+    from moelab.moe.modelopt import format_from_config
+
+    mc, quant = read_config(Path(cfg.model_path))
+    return mc, format_from_config(quant)
+
+
+def build_engine(cfg: ServerConfig) -> tuple[Engine, dict[str, Any]]:
+    """Resolve, load or build, quantize, warm up. Raises ConfigError / ModelLoadError."""
+    t0 = time.monotonic()
+    # Flag combinations are judged before the first log line, so a refusal is one line only.
+    mc, ckpt_fmt = model_config(cfg)
+    res = resolve(cfg, ckpt_fmt)
+    phase("start", f"pid={os.getpid()} model={cfg.model_path or 'preset:' + str(cfg.preset)} torch={torch.__version__}")
+    phase("config", f"device={res.device} dtype={res.dtype} format={res.weight_format} "
+          f"moe_runner_backend={res.backend} ({res.backend_reason})")
+    for note in res.notes:
+        phase("config", f"note: {note}")
+    if cfg.host not in ("127.0.0.1", "localhost", "::1"):
+        phase("config", f"note: --host {cfg.host} serves beyond this machine's loopback; the API has no key")
+    torch.manual_seed(cfg.seed)
+    if res.device == "cpu":
+        # Small matrices gain nothing from intra-op threads and lose much to their barriers on a
+        # busy machine; one thread per 512 hidden units, and a core stays free for the HTTP loop.
+        threads = max(1, min(os.cpu_count() or 1, mc.hidden_size // 512))
+        torch.set_num_threads(threads)
+        phase("config", f"cpu threads={threads}")
+    dense, experts = load_weights(cfg, res, mc)
+    tok = load_tokenizer(Path(cfg.model_path) if cfg.model_path else None)
+    tok.model_vocab_size = mc.vocab_size
+    info: dict[str, Any] = {"model": cfg.model_name, "resolved": asdict(res), "model_config": asdict(mc),
+                            "expert_bytes": sum(w.nbytes() for w in experts)}
+    if cfg.save:
+        phase("saving", f"path={cfg.save}")
+        files = save_checkpoint(Path(cfg.save), mc, dense, experts)
+        info["saved"] = [str(f) for f in files]
+        return None, info  # type: ignore[return-value]
+    model = Qwen3Moe(mc, dense, experts, RUNNERS.create(res.backend))
+    capacity = cfg.max_total_tokens or cfg.max_running_requests * mc.max_position_embeddings
+    engine = Engine(model, tok, Scheduler(cfg.max_running_requests, capacity, cfg.max_queued_requests), cfg.seed)
+    phase("warmup", f"kv_cache_tokens={capacity} max_running_requests={cfg.max_running_requests}")
+    warm(engine)
+    info.update(kv_cache_tokens=capacity, startup_s=round(time.monotonic() - t0, 2))
+    return engine, info
+
+
+def warm(engine: Engine) -> None:
+    """Run two short greedy sequences through prefill and a batched decode, then forget them."""
+    for n in (5, 9):  # one at a time into the queue, so even --max-queued-requests 1 warms up
+        engine.submit(Sequence(f"warmup-{n}", list(range(1, n + 1)), SamplingParams(max_tokens=3, temperature=0.0)))
+        engine.step()
+    while engine.step():
+        pass
+    for k in engine.stats:
+        engine.stats[k] = 0 if k != "error" else None
+    engine.batch_hist.clear()

@@ -1,0 +1,120 @@
+"""`moelab serve` as a command: exit codes and one-line refusals, SIGTERM, --json, --save and loading
+the saved directory back, quantized formats, and the throughput bench script end to end."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+from test_engine_server import PROMPT, Serve, srv  # noqa: E402,F401  (srv: the shared tiny server fixture)
+
+pytestmark = pytest.mark.embedded
+
+
+def test_sigterm_exits_zero_quickly_and_json_summary(tmp_path):
+    s = Serve("--preset", "tiny", "--json", log=tmp_path / "log")
+    t0 = time.monotonic()
+    assert s.stop() == 0 and time.monotonic() - t0 < 5
+    assert "phase=shutdown" in s.log.read_text()
+    summary = json.loads(s.proc.stdout.read())  # --json: one document on stdout
+    assert summary["ready"] and summary["url"] == s.url and summary["resolved"]["backend"] == "grouped"
+
+
+def _serve_rc(*args: str) -> tuple[int, str]:
+    if "--device" not in args:
+        args = (*args, "--device", "cpu")
+    p = subprocess.run([sys.executable, "-m", "moelab.cli", "serve", *args], capture_output=True, text=True, timeout=60)
+    return p.returncode, p.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--moe-runner-backend", "triton"], "moelab serve: error: argument --moe-runner-backend: "),
+    (["--device", "cuda"], "moelab serve: error: argument --device: 'cuda' needs a CUDA GPU"),
+    (["--quantization", "int3"], "moelab serve: error: argument --quantization: invalid choice: 'int3'"),
+    (["--no-such-flag"], "No such option"),
+])
+def test_unsupported_combination_exits_2_with_one_line(args, needle):
+    import torch
+
+    if torch.cuda.is_available() and args[0] == "--device":
+        pytest.skip("this machine has CUDA, so the combination is supported")
+    code, err = _serve_rc("--preset", "tiny", *args)
+    assert code == 2 and needle in err
+    if needle.startswith("moelab serve"):
+        assert len(err.strip().splitlines()) == 1, err
+
+
+def test_missing_or_corrupt_model_path(tmp_path):
+    code, err = _serve_rc("--model-path", str(tmp_path / "absent"))
+    assert code == 2 and "is not a directory" in err
+    (tmp_path / "config.json").write_text("{broken")
+    code, err = _serve_rc("--model-path", str(tmp_path))
+    assert code == 1 and err.strip().splitlines()[-1].startswith("moelab serve: error: cannot load the model")
+
+
+def test_saved_checkpoint_serves_identical_outputs(srv, tmp_path):
+    code, out = _serve_rc("--preset", "tiny", "--save", str(tmp_path / "ckpt"), "--json")
+    assert code == 0
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {p.name for p in (tmp_path / "ckpt").iterdir()}
+    s = Serve("--model-path", str(tmp_path / "ckpt"), log=tmp_path / "log")
+    try:
+        assert "phase=loading_weights layer 2/2" in s.log.read_text()
+        for body in ({**PROMPT, "logprobs": 2}, {**PROMPT, "prompt": "Another prompt", "max_tokens": 20}):
+            a, b = srv.post("/v1/completions", body)[1], s.post("/v1/completions", body)[1]
+            assert a["choices"][0]["text"] == b["choices"][0]["text"]
+            assert a["choices"][0]["logprobs"] == b["choices"][0]["logprobs"]
+    finally:
+        assert s.stop() == 0
+
+
+@pytest.mark.slow
+def test_fp8_runs_dequantized_and_says_so(srv, tmp_path):
+    s = Serve("--preset", "tiny", "--quantization", "fp8", "--moe-runner-backend", "reference", log=tmp_path / "log")
+    try:
+        log = s.log.read_text()
+        assert "phase=quantizing" in log and "run dequantized" in log and "format=fp8" in log
+        a = srv.post("/v1/completions", {**PROMPT, "logprobs": 1})[1]["choices"][0]["logprobs"]["token_logprobs"]
+        b = s.post("/v1/completions", {**PROMPT, "logprobs": 1})[1]["choices"][0]["logprobs"]["token_logprobs"]
+        assert abs(a[0] - b[0]) < 0.1  # fp8 experts stay close to the float32 model
+    finally:
+        assert s.stop() == 0
+
+
+@pytest.mark.slow
+def test_throughput_bench_runs_and_reports_json():
+    bench = Path(__file__).resolve().parent.parent / "bench" / "engine_throughput.py"
+    p = subprocess.run([sys.executable, str(bench), "--requests", "8", "--max-tokens", "8", "--concurrency", "1,8"],
+                       capture_output=True, text=True, timeout=180)
+    assert p.returncode == 0, p.stderr + p.stdout
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    levels = {str(r["concurrency"]): r for r in result["levels"]}
+    assert set(levels) == {"one-at-a-time", "1", "8"}
+    assert all(r["output_tokens"] == 64 and r["same_text_as_one_at_a_time"] == 8 for r in levels.values())
+    assert levels["8"]["mean_batch"] > 2
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("backend", ["reference", "grouped", "triton"])
+def test_cuda_serves_the_saved_tiny_model_like_the_cpu(srv, tmp_path, backend):
+    """Same weights (the CPU-written directory) on CUDA: float32 greedy text equals the CPU server's;
+    the fused triton runner (bf16) serves finite logprobs."""
+    assert _serve_rc("--preset", "tiny", "--save", str(tmp_path / "ckpt"))[0] == 0
+    dtype = "bfloat16" if backend == "triton" else "float32"
+    s = Serve("--model-path", str(tmp_path / "ckpt"), "--device", "cuda", "--dtype", dtype,
+              "--moe-runner-backend", backend, log=tmp_path / "log")
+    try:
+        assert f"moe_runner_backend={backend}" in s.log.read_text()
+        for p in ("The capital of France is", "Mixture of experts", "Hello"):
+            body = {**PROMPT, "prompt": p, "max_tokens": 8, "logprobs": 1}
+            a, b = srv.post("/v1/completions", body)[1], s.post("/v1/completions", body)[1]
+            lp = b["choices"][0]["logprobs"]["token_logprobs"]
+            assert len(lp) == 8 and all(x == x and x > -1e9 for x in lp)  # finite
+            if dtype == "float32":
+                assert b["choices"][0]["text"] == a["choices"][0]["text"]
+    finally:
+        assert s.stop() == 0
