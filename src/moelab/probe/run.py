@@ -1,0 +1,118 @@
+"""`run_probe` and `record_reference`: the probe end to end against a live server.
+
+The prompt set is bundled (`moelab/data/probe_prompts.json`). A recorded reference keeps the exact
+prompts it was made with (the long-context prompt depends on the model's context length), so a
+comparison always sends byte-identical inputs.
+"""
+from __future__ import annotations
+
+import json
+import time
+from importlib import resources
+from pathlib import Path
+
+from moelab.probe.checks import Answer
+from moelab.probe.http import RequestFailed, discover_model, greedy
+from moelab.probe.judge import ProbeReport, PromptResult, judge, make_result
+
+LONG_FALLBACK_TOKENS = 1500  # when /v1/models does not say max_model_len
+
+
+def bundled_prompts() -> list[dict]:
+    text = resources.files("moelab").joinpath("data/probe_prompts.json").read_text()
+    return json.loads(text)["prompts"]
+
+
+def render(prompts: list[dict], max_model_len: int | None) -> list[dict]:
+    """Concrete prompts: multi-turn also as plain text, the long one sized to ~80% of the context.
+
+    Token count of the long prompt is approximated at 1.3 tokens per word (the probe does not need
+    the exact length, only "near the limit"; a server that rejects it gets a halved prompt)."""
+    out = []
+    for p in prompts:
+        p = dict(p)
+        if p.get("long"):
+            limit = max_model_len or LONG_FALLBACK_TOKENS / 0.8
+            target = int(0.8 * limit) - p["max_tokens"]
+            words_per_par = len(p["paragraph"].split())
+            reps = max(1, int(target / 1.3 / words_per_par))
+            p["prompt"] = p["paragraph"] * reps + p["question"]
+            p["messages"] = [{"role": "user", "content": p["prompt"]}]
+        elif "messages" in p and "prompt" not in p:
+            turns = [f"{m['role'].capitalize()}: {m['content']}" for m in p["messages"]]
+            p["prompt"] = "\n".join(turns) + "\nAssistant:"
+        elif "prompt" in p and "messages" not in p:
+            p["messages"] = [{"role": "user", "content": p["prompt"]}]
+        out.append(p)
+    return out
+
+
+def _ask(base_url: str, model: str, p: dict, chat: bool, timeout_s: float) -> tuple[dict, PromptResult]:
+    """Send one prompt; a long prompt the server rejects (HTTP 400, too long) is halved up to 3 times."""
+    for _ in range(4):
+        try:
+            return p, make_result(p["id"], p.get("kind", ""), greedy(base_url, model, p, chat=chat, timeout_s=timeout_s))
+        except RequestFailed as e:
+            if not (p.get("long") and e.status == 400 and len(p["prompt"]) > 200):
+                return p, make_result(p["id"], p.get("kind", ""), None, error=str(e))
+            body = p["paragraph"] * max(1, p["prompt"].count(p["paragraph"]) // 2)
+            p = {**p, "prompt": body + p["question"], "messages": [{"role": "user", "content": body + p["question"]}]}
+    return p, make_result(p["id"], p.get("kind", ""), None, error="long prompt rejected even when shortened")
+
+
+def collect(base_url: str, model: str | None, prompts: list[dict] | None, *, chat: bool,
+            timeout_s: float) -> tuple[str, list[dict], list[PromptResult]]:
+    """Ask every prompt. Raises ServerUnreachable when the server does not answer at all."""
+    found, mlen = discover_model(base_url, timeout_s=min(timeout_s, 10.0))
+    model = model or found
+    sent, results = [], []
+    for p in prompts or render(bundled_prompts(), mlen):
+        p2, r = _ask(base_url, model, p, chat, timeout_s)
+        sent.append(p2)
+        results.append(r)
+    return model, sent, results
+
+
+def load_reference(path: Path) -> dict:
+    try:
+        doc = json.loads(Path(path).read_text())
+        doc["prompts"] and doc["answers"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path} is not a moelab probe reference ({e}); record one with "
+                         f"`moelab probe --url URL --record {path}`") from None
+    return doc
+
+
+def run_probe(base_url: str, model: str | None = None, reference: Path | None = None, timeout_s: float = 60.0,
+              *, weight_format: str | None = None, chat: bool = False) -> ProbeReport:
+    """Probe a live server; with `reference`, compare against it, else only the absolute checks."""
+    t0 = time.perf_counter()
+    ref = load_reference(reference) if reference is not None else None
+    if ref is not None:
+        chat = bool(ref.get("chat", chat))  # answers are only comparable in the mode they were made in
+    model, _, results = collect(base_url, model, ref["prompts"] if ref else None, chat=chat, timeout_s=timeout_s)
+    ref_answers = {k: Answer.model_validate(v) for k, v in ref["answers"].items()} if ref else None
+    verdict = judge(results, weight_format=weight_format, reference=ref_answers)
+    note = "compared with the reference" if ref else "no reference: only the absolute checks ran"
+    return ProbeReport(verdict=verdict, model=model, base_url=base_url, weight_format=weight_format or "bf16",
+                       reference_used=ref is not None, reference_path=str(reference) if reference else None,
+                       prompts=results, elapsed_s=time.perf_counter() - t0, note=note)
+
+
+def record_reference(base_url: str, model: str | None, path: Path, timeout_s: float = 60.0, *,
+                     weight_format: str | None = None, chat: bool = False) -> ProbeReport:
+    """Probe (absolute checks) and, only when that passes, write the answers as the reference."""
+    t0 = time.perf_counter()
+    model, sent, results = collect(base_url, model, None, chat=chat, timeout_s=timeout_s)
+    verdict = judge(results, weight_format=weight_format)
+    rep = ProbeReport(verdict=verdict, model=model, base_url=base_url, weight_format=weight_format or "bf16",
+                      reference_used=False, prompts=results, elapsed_s=time.perf_counter() - t0,
+                      note="recording: only the absolute checks ran")
+    if verdict.ok:
+        doc = {"moelab_probe_reference": 1, "model": model, "base_url": base_url, "chat": chat,
+               "weight_format": weight_format or "bf16", "recorded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+               "prompts": sent, "answers": {r.id: r.answer.model_dump() for r in results if r.error is None}}
+        Path(path).write_text(json.dumps(doc, indent=1))
+        rep.reference_path = str(path)
+        rep.note = f"recorded {len(doc['answers'])} answers to {path}"
+    return rep
