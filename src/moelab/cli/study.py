@@ -1,4 +1,106 @@
-"""`moelab study`."""
+"""`moelab study FILE`: run a study (resumable), store every trial, end with the recommendation."""
 from __future__ import annotations
 
-from moelab.cli.app import app  # noqa: F401
+from pathlib import Path
+
+import typer
+
+from moelab.cli.app import app
+
+
+def run_study_file(study, store_path: Path, *, rerun: bool, json_out: bool, out_dir: Path | None = None) -> dict:
+    """Run `study` into `store_path` with the progress display; SIGTERM tears down like Ctrl-C."""
+    import signal
+
+    from moelab.store import Store
+    from moelab.study.progress import Progress
+    from moelab.study.runner import StudyRunner
+    from moelab.study.strategies import run_study
+
+    def _interrupt(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    old = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with Store(store_path) as store, Progress() as prog:
+            runner = StudyRunner(study, store, out_dir or store_path.with_suffix(".trials"), rerun=rerun, on_event=prog)
+            if runner.reaped:
+                prog.console.print(f"ended {len(runner.reaped)} process(es) a killed moelab left behind: "
+                                   f"{', '.join(map(str, runner.reaped))}")
+            if runner.resumed:
+                prog.console.print(f"[bold]resuming[/] study {runner.study_id} in {store_path}"
+                                   + (f" ({runner.interrupted} interrupted trial(s) will run again)"
+                                      if runner.interrupted else ""))
+            return run_study(runner)
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def print_summary(summary: dict) -> None:
+    from rich.markup import escape
+
+    from moelab.cli.output import console
+
+    rec = summary.get("recommendation")
+    causes = ", ".join(f"{k} {v}" for k, v in sorted(summary["causes"].items(), key=lambda kv: -kv[1]))
+    console.print(f"\n[bold]{summary['study']}[/] ({summary['strategy']}): {len(summary['trials'])} trials: {causes}")
+    if summary.get("budget"):
+        console.print(f"[yellow]stopped early:[/] {summary['budget']}")
+    if summary["strategy"] == "bisect":
+        pass  # a bisect explains a failure; it recommends nothing
+    elif rec:
+        tie = f"  [yellow]tie with {escape(', '.join(t['label'] for t in rec['tie']))}[/]" if rec["tie"] else ""
+        console.print(f"[bold green]recommended:[/] {escape(rec['label'])}: {rec['output_tps']:.1f} output tok/s "
+                      f"(95% CI {rec['ci95'][0]:.1f}-{rec['ci95'][1]:.1f}, n={rec['n']}){tie}")
+        console.print(f"  {rec['command']}", soft_wrap=True, markup=False)
+    else:
+        console.print("[bold red]no configuration worked under the SLOs[/]: see the trials' verdicts")
+    b = summary.get("bisect")
+    if b and b.get("reproduced"):
+        alone = ", ".join(f"{k}: {c}" for k, c in b["alone"].items())
+        console.print(f"bisect: {b['cause']} needs all of: {' '.join(f'{k} {v}' for k, v in b['minimal'])} "
+                      f"(trial {b['minimal_trial']}); each change alone: {alone}"
+                      + ("; the changes interact" if b["interaction"] else ""), markup=False)
+    elif b:
+        console.print(f"bisect: {b['note']}", markup=False)
+
+
+@app.command()
+def study(
+    file: Path = typer.Argument(..., help="Study file (YAML): engine, model, base flags, axes, workload, SLOs."),
+    store: Path = typer.Option(None, "--store", help="SQLite store (default: <file>.db next to the study)."),
+    rerun: bool = typer.Option(False, "--rerun", help="Launch again even where the store holds a verdict."),
+    report_html: Path = typer.Option(None, "--html", help="Also write the HTML report here."),
+    json_out: bool = typer.Option(False, "--json", help="Print the study summary as one JSON document."),
+) -> None:
+    """Run a study: screen, benchmark and tune engine flags; every trial gets a verdict. Resumable."""
+    from moelab.cli.output import emit_json, fail
+    from moelab.study import StudyError, load_study
+    from moelab.study.prune import unknown_axes
+
+    try:
+        st = load_study(file)
+    except StudyError as e:
+        fail(str(e), "fix the keys named above; examples/*.yaml show every key")
+    bad = unknown_axes(st.engine, [*st.axes, *st.base, *(st.reference or {}), *(st.bisect or {})])
+    if bad:
+        fail(f"{file}: the {st.engine} engine installed here does not accept {', '.join(bad)}",
+             f"check the spelling against `{st.engine} --help` (flags keep the engine's own names)")
+    store = store or file.with_suffix(".db")
+    try:
+        summary = run_study_file(st, store, rerun=rerun, json_out=json_out)
+    except KeyboardInterrupt:
+        from moelab.cli.output import err_console
+
+        err_console.print(f"[yellow]interrupted:[/] finished trials are in {store}; run the same command to resume")
+        raise typer.Exit(130)
+    if report_html:
+        from moelab.report import write_reports
+
+        write_reports(store, html=report_html, study_id=summary["study_id"])
+        summary["report"] = str(report_html)
+    if json_out:
+        emit_json(summary)
+    else:
+        print_summary(summary)
+    raise typer.Exit(0 if summary.get("recommendation") or st.strategy == "bisect" else 1)

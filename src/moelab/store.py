@@ -1,0 +1,192 @@
+"""The results store: one SQLite file, written after every trial, read by the report.
+
+A trial row keeps what a verdict needs to be trusted and recomputed later: the resolved flags and
+argv, the environment fingerprint (engine version, GPU, driver ...), the verdict with its evidence,
+the raw load samples, the telemetry summary and the paths of the logs. A row is inserted as
+`running` before launch and completed after; rows still `running` when a study resumes were
+interrupted, are marked so, and their trials run again. `key` identifies the exact (engine version,
+GPU, driver, model, flags, env), so a later study can reuse a verdict instead of relaunching.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS studies (
+  id INTEGER PRIMARY KEY, name TEXT NOT NULL, spec_hash TEXT NOT NULL, spec TEXT NOT NULL,
+  fingerprint TEXT NOT NULL, created REAL NOT NULL, updated REAL NOT NULL, status TEXT NOT NULL,
+  recommendation TEXT, extra TEXT);
+CREATE TABLE IF NOT EXISTS trials (
+  id INTEGER PRIMARY KEY, study_id INTEGER NOT NULL REFERENCES studies(id), seq INTEGER NOT NULL,
+  stage TEXT NOT NULL, rep INTEGER NOT NULL DEFAULT 0, label TEXT NOT NULL, key TEXT NOT NULL,
+  engine TEXT, model TEXT, changes TEXT NOT NULL, flags TEXT NOT NULL, args TEXT NOT NULL, env TEXT NOT NULL,
+  fingerprint TEXT NOT NULL, status TEXT NOT NULL, cause TEXT, phase TEXT, verdict TEXT,
+  metrics TEXT, samples TEXT, telemetry TEXT, paths TEXT, command TEXT, reused_from INTEGER,
+  started REAL NOT NULL, finished REAL);
+CREATE INDEX IF NOT EXISTS trials_key ON trials(key, status);
+CREATE INDEX IF NOT EXISTS trials_study ON trials(study_id, stage, key, rep);
+"""
+JSON_COLS = ("changes", "flags", "args", "env", "fingerprint", "verdict", "metrics", "samples", "telemetry",
+             "paths", "command")
+# Columns an import may set (never taken from the imported document's own keys: it is untrusted).
+TRIAL_COLS = ("seq", "stage", "rep", "label", "key", "engine", "model", *JSON_COLS, "status", "cause", "phase",
+              "reused_from", "started", "finished")
+DONE = ("done", "pruned", "reused")  # a finished trial: never run again on resume
+
+
+def trial_key(engine: str, fingerprint: dict, model: str | None, args: list[str], env: dict[str, str]) -> str:
+    """Hash of exactly what a verdict depends on: engine version, GPU, driver, model, flags, env."""
+    fp = {k: fingerprint.get(k) for k in ("engine_version", "gpu", "sm", "gpu_count", "driver", "cuda", "torch")}
+    doc = json.dumps([engine, fp, model, args, sorted(env.items())], sort_keys=True, default=str)
+    return hashlib.sha256(doc.encode()).hexdigest()[:20]
+
+
+def _dump(v: Any) -> str | None:
+    return None if v is None else json.dumps(v, default=str)
+
+
+class Store:
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # autocommit: every statement is durable when it returns (a kill loses nothing finished)
+        self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.executescript(SCHEMA)
+        cols = {r["name"] for r in self.db.execute("PRAGMA table_info(studies)")}
+        if "extra" not in cols:  # a store written before strategy results were kept
+            self.db.execute("ALTER TABLE studies ADD COLUMN extra TEXT")
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- studies ----------------------------------------------------------------------------
+    def open_study(self, name: str, spec: dict, fingerprint: dict) -> tuple[int, bool]:
+        """(study id, resumed): the unfinished study with this exact spec, else a new one."""
+        h = hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
+        row = self.db.execute("SELECT id FROM studies WHERE spec_hash=? AND status!='done' ORDER BY id DESC LIMIT 1",
+                              (h,)).fetchone()
+        now = time.time()
+        if row:
+            self.db.execute("UPDATE studies SET updated=?, status='running' WHERE id=?", (now, row["id"]))
+            return row["id"], True
+        cur = self.db.execute("INSERT INTO studies(name, spec_hash, spec, fingerprint, created, updated, status) "
+                              "VALUES (?,?,?,?,?,?, 'running')", (name, h, _dump(spec), _dump(fingerprint), now, now))
+        return cur.lastrowid, False
+
+    def finish_study(self, study_id: int, recommendation: dict | None, status: str = "done",
+                     extra: dict | None = None) -> None:
+        """Store the outcome; `extra` holds strategy results such as bisect's minimal failing set."""
+        self.db.execute("UPDATE studies SET recommendation=?, status=?, updated=?, extra=? WHERE id=?",
+                        (_dump(recommendation), status, time.time(), _dump(extra), study_id))
+
+    def studies(self) -> list[dict]:
+        return [self._study(r) for r in self.db.execute("SELECT * FROM studies ORDER BY id")]
+
+    def study(self, study_id: int | None = None) -> dict | None:
+        q = "SELECT * FROM studies WHERE id=?" if study_id else "SELECT * FROM studies ORDER BY id DESC LIMIT 1"
+        r = self.db.execute(q, (study_id,) if study_id else ()).fetchone()
+        return self._study(r) if r else None
+
+    @staticmethod
+    def _study(r: sqlite3.Row) -> dict:
+        d = dict(r)
+        for k in ("spec", "fingerprint", "recommendation", "extra"):
+            d[k] = json.loads(d[k]) if d[k] else None
+        return d
+
+    def mark_interrupted(self, study_id: int) -> int:
+        """Rows left `running` by a killed moelab: marked, kept as a record, and run again."""
+        cur = self.db.execute("UPDATE trials SET status='interrupted', finished=? WHERE study_id=? AND status='running'",
+                              (time.time(), study_id))
+        return cur.rowcount
+
+    # -- trials -----------------------------------------------------------------------------
+    def begin_trial(self, study_id: int, *, seq: int, stage: str, rep: int, label: str, key: str, engine: str,
+                    model: str | None, changes: list, flags: dict, args: list[str], env: dict, fingerprint: dict) -> int:
+        cur = self.db.execute(
+            "INSERT INTO trials(study_id, seq, stage, rep, label, key, engine, model, changes, flags, args, env, "
+            "fingerprint, status, started) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?, 'running', ?)",
+            (study_id, seq, stage, rep, label, key, engine, model, _dump(changes), _dump(flags), _dump(args),
+             _dump(env), _dump(fingerprint), time.time()))
+        return cur.lastrowid
+
+    def finish_trial(self, trial_id: int, *, status: str, verdict: dict, metrics: dict | None = None,
+                     samples: list | None = None, telemetry: dict | None = None, paths: dict | None = None,
+                     command: list[str] | None = None, reused_from: int | None = None) -> None:
+        self.db.execute(
+            "UPDATE trials SET status=?, cause=?, phase=?, verdict=?, metrics=?, samples=?, telemetry=?, paths=?, "
+            "command=?, reused_from=?, finished=? WHERE id=?",
+            (status, verdict.get("cause"), verdict.get("phase"), _dump(verdict), _dump(metrics), _dump(samples),
+             _dump(telemetry), _dump(paths), _dump(command), reused_from, time.time(), trial_id))
+
+    def done_trial(self, study_id: int, stage: str, key: str, rep: int) -> dict | None:
+        """This study's finished trial for (stage, key, rep): what a resume reuses."""
+        r = self.db.execute(f"SELECT * FROM trials WHERE study_id=? AND stage=? AND key=? AND rep=? AND status IN "
+                            f"{DONE} ORDER BY id DESC LIMIT 1", (study_id, stage, key, rep)).fetchone()
+        return self._trial(r) if r else None
+
+    def verdict_for(self, key: str, exclude_study: int, need_metrics: bool, stage: str = "") -> dict | None:
+        """A launched trial from another study with the exact same key (reused unless --rerun),
+        from the same stage when there is one (so one measurement is not reused for two stages)."""
+        q = ("SELECT * FROM trials WHERE key=? AND study_id!=? AND status='done' AND (cause!='ok' OR ?=0 OR "
+             "metrics IS NOT NULL) ORDER BY stage=? DESC, id DESC LIMIT 1")
+        r = self.db.execute(q, (key, exclude_study, int(need_metrics), stage)).fetchone()
+        return self._trial(r) if r else None
+
+    def trials(self, study_id: int | None = None, all_status: bool = True) -> list[dict]:
+        q, args = "SELECT * FROM trials", ()
+        if study_id is not None:
+            q, args = q + " WHERE study_id=?", (study_id,)
+        rows = [self._trial(r) for r in self.db.execute(q + " ORDER BY id", args)]
+        return rows if all_status else [r for r in rows if r["status"] in DONE]
+
+    @staticmethod
+    def _trial(r: sqlite3.Row) -> dict:
+        d = dict(r)
+        for k in JSON_COLS:
+            d[k] = json.loads(d[k]) if d[k] else None
+        return d
+
+    # -- export / import ---------------------------------------------------------------------
+    def export(self, study_id: int | None = None) -> dict:
+        studies = [s for s in self.studies() if study_id is None or s["id"] == study_id]
+        ids = {s["id"] for s in studies}
+        return {"moelab_store": 1, "studies": studies,
+                "trials": [t for t in self.trials() if t["study_id"] in ids]}
+
+    def import_doc(self, doc: dict) -> dict:
+        """Add another store's studies and trials (new ids); a study already here is skipped."""
+        if not isinstance(doc, dict) or doc.get("moelab_store") != 1:
+            raise ValueError("not a moelab store export (expected {\"moelab_store\": 1, ...}); "
+                             "make one with `moelab store export STORE`")
+        have = {(s["spec_hash"], s["created"]) for s in self.studies()}
+        added_s = added_t = 0
+        for s in doc["studies"]:
+            if (s["spec_hash"], s["created"]) in have:
+                continue
+            cur = self.db.execute(
+                "INSERT INTO studies(name, spec_hash, spec, fingerprint, created, updated, status, recommendation, extra) "
+                "VALUES (?,?,?,?,?,?,?,?,?)", (s["name"], s["spec_hash"], _dump(s["spec"]), _dump(s["fingerprint"]),
+                                               s["created"], s["updated"], s["status"], _dump(s["recommendation"]),
+                                               _dump(s.get("extra"))))
+            added_s += 1
+            for t in (t for t in doc["trials"] if t["study_id"] == s["id"]):
+                cols = [c for c in TRIAL_COLS if c in t]
+                vals = [_dump(t[c]) if c in JSON_COLS else t[c] for c in cols]
+                self.db.execute(f"INSERT INTO trials(study_id, {', '.join(cols)}) VALUES (?{', ?' * len(cols)})",
+                                [cur.lastrowid, *vals])
+                added_t += 1
+        return {"studies": added_s, "trials": added_t}

@@ -1,0 +1,196 @@
+"""The study runner: planned candidates -> pruning -> trials -> store, resumable at any point.
+
+Every candidate goes through `StudyRunner.trial`: a finished trial of this study is returned as it
+is (resume), else pruning may give it a preflight verdict, else it is launched. The store row is
+written `running` before launch and completed after, so a kill mid-trial leaves a row that the
+next run marks `interrupted` and runs again. SIGTERM becomes KeyboardInterrupt, so the supervisor
+tears the server down on the way out.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Callable
+
+from moelab.spec import Cause, Evidence, LaunchSpec, Phase, Verdict
+from moelab.store import Store, trial_key
+from moelab.study import prune
+from moelab.study.planner import Blame, Candidate, blame, to_args
+from moelab.study.spec import StudyFile
+
+
+OWNER = "MOELAB_TRIAL_OWNER"  # "<store path>#<trial id>" in the environment of every trial process
+
+
+def reap_orphans(owner: str, grace_s: float = 3.0) -> list[int]:
+    """End the processes a SIGKILLed moelab left behind for this store (TERM, then KILL)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter():
+        try:
+            if p.pid != os.getpid() and p.environ().get(OWNER, "").startswith(owner + "#"):
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    for p in found:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(found, timeout=grace_s)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
+    return [p.pid for p in found]
+
+
+class BudgetSpent(Exception):
+    """The study's time or trial budget is used up: no new trial starts."""
+
+
+def model_args(study: StudyFile) -> list[str]:
+    """The engine's own model argument(s) for `study.model` (flag names never renamed)."""
+    if study.engine == "command":
+        return list(study.command)
+    if not study.model:
+        return []
+    if study.engine == "embedded":
+        is_preset = "/" not in study.model and not Path(study.model).exists()
+        return ["--preset" if is_preset else "--model-path", study.model]
+    return ["--model" if study.engine == "vllm" else "--model-path", study.model]
+
+
+class StudyRunner:
+    def __init__(self, study: StudyFile, store: Store, out_dir: Path, *, rerun: bool = False,
+                 on_event: Callable[[dict], None] | None = None, fingerprint: dict | None = None) -> None:
+        self.study, self.store, self.out_dir, self.rerun = study, store, Path(out_dir), rerun
+        self.on_event = on_event or (lambda e: None)
+        self.fingerprint = fingerprint if fingerprint is not None else _fingerprint(study.engine)
+        self.study_id, self.resumed = store.open_study(study.name, study.model_dump(mode="json"), self.fingerprint)
+        self.owner = str(Path(store.path).resolve())
+        self.reaped = reap_orphans(self.owner) if self.resumed else []
+        self.interrupted = store.mark_interrupted(self.study_id)
+        self.t0 = time.monotonic()
+        self.seq = 0
+        self.launched = 0
+        self.rules: list[Blame] = []
+        self.reference: Path | None = None
+
+    # -- one candidate ----------------------------------------------------------------------
+    def spec_for(self, cand: Candidate) -> tuple[dict, LaunchSpec]:
+        flags = cand.flags(self.study.base)
+        lim = self.study.launch.memory_limit_gib
+        spec = LaunchSpec(engine=self.study.engine, args=model_args(self.study) + to_args(flags), env=self.study.env,
+                          timeout_s=self.study.launch.timeout_s, memory_limit_bytes=int(lim * 2**30) if lim else None)
+        return flags, spec
+
+    def trial(self, cand: Candidate, loads: int = 1, record_reference: Path | None = None) -> dict:
+        """The stored trial for `cand` (loads=0: launch + probe only); runs it when not yet done."""
+        flags, spec = self.spec_for(cand)
+        key = trial_key(spec.engine, self.fingerprint, self.study.model, spec.args, spec.env)
+        self.seq += 1
+        done = self.store.done_trial(self.study_id, cand.stage, key, cand.rep)
+        if done is not None:
+            self.on_event({"event": "resumed", "trial": done})
+            self._learn(done)
+            return done
+        if time.monotonic() - self.t0 > self.study.budget.time_s or self.launched >= self.study.budget.trials:
+            raise BudgetSpent(f"budget spent after {self.launched} launches")
+        row = dict(seq=self.seq, stage=cand.stage, rep=cand.rep, label=cand.label, key=key, engine=spec.engine,
+                   model=self.study.model, changes=[list(c) for c in cand.changes], flags=flags, args=spec.args,
+                   env=spec.env, fingerprint=self.fingerprint)
+        pre = self._pruned(cand, spec, key, loads)
+        if pre is not None:
+            return pre(row)
+        tid = self.store.begin_trial(self.study_id, **row)
+        self.on_event({"event": "start", "id": tid, "label": cand.label, "stage": cand.stage, "rep": cand.rep})
+        self.launched += 1
+        from moelab.study.trial import run_trial
+
+        # Every process of this trial inherits OWNER (moelab's own env is copied into the server's, and
+        # MOELAB_TRIAL* is kept out of repro.sh): after a SIGKILL of moelab, a resume finds and ends them.
+        os.environ[OWNER] = f"{self.owner}#{tid}"
+        try:
+            out = run_trial(spec, self.out_dir / f"trial-{tid:04d}", flags=flags, workload=self.study.workload,
+                            slo=self.study.slo.model_dump(), reference=self.reference, loads=loads,
+                            concurrency=self.study.workload.concurrency, record_reference_to=record_reference,
+                            on_progress=lambda p: self.on_event({"event": "progress", "id": tid, **p}))
+        except BaseException:  # Ctrl-C / SIGTERM: the supervisor has torn down; mark it for a rerun
+            self.store.finish_trial(tid, status="interrupted", verdict=Verdict(
+                cause=Cause.unknown, phase=Phase.launch, advice="Interrupted; runs again on resume.",
+                evidence=[Evidence(kind="interrupt", text="moelab was interrupted during this trial")]).model_dump(mode="json"))
+            raise
+        finally:
+            os.environ.pop(OWNER, None)
+        self.store.finish_trial(tid, status="done", verdict=out.verdict.model_dump(mode="json"), metrics=out.metrics,
+                                samples=out.samples, telemetry={**out.telemetry, "timings": out.timings},
+                                paths=out.paths, command=out.command)
+        t = self._get(tid)
+        self._learn(t)
+        self.on_event({"event": "done", "trial": t})
+        return t
+
+    def _get(self, tid: int) -> dict:
+        return next(t for t in self.store.trials(self.study_id) if t["id"] == tid)
+
+    def _pruned(self, cand: Candidate, spec: LaunchSpec, key: str, loads: int):
+        """A function that stores the trial without launching it, or None when it must launch."""
+        v = prune.blamed(cand.changes, self.rules) or prune.preflight(spec)
+        reused = None
+        if v is None and not self.rerun:  # --rerun: launch even where another study judged this key
+            reused = self.store.verdict_for(key, self.study_id, need_metrics=loads > 0, stage=cand.stage)
+        if v is None and reused is None:
+            return None
+
+        def store(row: dict) -> dict:
+            tid = self.store.begin_trial(self.study_id, **row)
+            if reused is not None:
+                rv = Verdict.model_validate(reused["verdict"])
+                rv.evidence.insert(0, Evidence(kind="store", source=f"trial {reused['id']}",
+                                               text=f"reused the verdict of trial {reused['id']} (study "
+                                                    f"{reused['study_id']}): same engine version, GPU, driver, model, "
+                                                    f"flags and env; --rerun launches again"))
+                self.store.finish_trial(tid, status="reused", verdict=rv.model_dump(mode="json"),
+                                        metrics=reused["metrics"], samples=reused["samples"],
+                                        telemetry=reused["telemetry"], paths=reused["paths"],
+                                        command=reused["command"], reused_from=reused["id"])
+            else:
+                self.store.finish_trial(tid, status="pruned", verdict=v.model_dump(mode="json"))
+            t = self._get(tid)
+            self.on_event({"event": "pruned" if reused is None else "reused", "trial": t})
+            return t
+
+        return store
+
+    def _learn(self, t: dict) -> None:
+        """A failure whose own evidence names one changed flag value prunes that value from now on."""
+        v = t.get("verdict") or {}
+        if t["status"] != "done" or v.get("phase") not in (Phase.launch.value, Phase.preflight.value):
+            return
+        changes = tuple((k, val) for k, val in (t.get("changes") or []))
+        b = blame(changes, t.get("cause") or "", [e["text"] for e in v.get("evidence", [])], t["id"])
+        if b is not None and not any((r.flag, r.value) == (b.flag, b.value) for r in self.rules):
+            self.rules.append(b)
+
+    def finish(self, recommendation: dict | None, status: str = "done", extra: dict | None = None) -> None:
+        self.store.finish_study(self.study_id, recommendation, status, extra)
+
+
+def _fingerprint(engine: str) -> dict:
+    from moelab import hw
+    from moelab.engines import ENGINES
+
+    try:
+        version = ENGINES.create(engine).version()
+    except Exception:  # an engine that is not installed here still gets a fingerprint
+        version = None
+    return hw.fingerprint(engine, version)
+
+
+def failed_verdict(cause: Cause, text: str) -> Verdict:
+    return Verdict(cause=cause, phase=Phase.preflight, evidence=[Evidence(kind="study", text=text)])

@@ -1,0 +1,196 @@
+"""The study file: what to search, on which engine, under which workload, SLOs and time budget.
+
+A study file is YAML validated by pydantic once, at load, with errors that name the key and say
+what would be valid. Flags keep the engine's own spelling (`--moe-runner-backend`), never renamed.
+
+    engine: embedded
+    model: tiny
+    base: {--max-running-requests: 8}          # the known-good baseline
+    axes:
+      --moe-runner-backend: [reference, grouped, triton]
+      --max-running-requests: {low: 2, high: 16, step: 2}   # numeric range
+    workload: {concurrency: [1, 4], input_len: 32, output_len: 16, num_prompts: 12}
+    slo: {ttft_ms: 2000}
+    reference: {--moe-runner-backend: reference}
+    budget: {time_s: 600}
+    strategy: staged
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+FlagValue = Union[str, int, float, bool, None]  # True: a bare switch; None/False: leave the flag out
+STRATEGIES = ("grid", "one-factor", "staged", "bisect")
+
+
+class StudyError(ValueError):
+    """A study file that cannot be run; the message says what was wrong and what to do."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Range(_Strict):
+    """A numeric axis: low..high in steps (inclusive), or log-spaced when log is true (Optuna)."""
+
+    low: float
+    high: float
+    step: float | None = None
+    log: bool = False
+
+    @model_validator(mode="after")
+    def _check(self) -> "Range":
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) is below low ({self.low})")
+        if self.step is not None and self.step <= 0:
+            raise ValueError("step must be positive")
+        return self
+
+    @property
+    def integer(self) -> bool:
+        return float(self.low).is_integer() and float(self.high).is_integer() and \
+            (self.step is None or float(self.step).is_integer())
+
+    def values(self) -> list[FlagValue]:
+        """Grid points: every step, or five points when no step is given."""
+        step = self.step or (self.high - self.low) / 4 or 1
+        out, v = [], self.low
+        while v <= self.high + 1e-9:
+            out.append(int(round(v)) if self.integer else round(v, 6))
+            v += step
+        return list(dict.fromkeys(out))
+
+
+class Workload(_Strict):
+    concurrency: list[int] = Field(default_factory=lambda: [4])  # one load point per value: a curve
+    input_len: int = Field(32, gt=0)
+    output_len: int = Field(16, gt=0)
+    num_prompts: int = Field(16, gt=0)
+    seed: int = 0
+
+    @field_validator("concurrency", mode="before")
+    @classmethod
+    def _listify(cls, v):
+        return [v] if isinstance(v, int) else v
+
+    @field_validator("concurrency")
+    @classmethod
+    def _positive(cls, v):
+        if not v or any(c <= 0 for c in v):
+            raise ValueError("concurrency must be one or more positive integers, e.g. [1, 4]")
+        return v
+
+
+class SLO(_Strict):
+    ttft_ms: float | None = None  # p90 time to first token
+    tpot_ms: float | None = None  # p90 time per output token
+    e2e_ms: float | None = None   # p90 request latency
+
+
+class Budget(_Strict):
+    time_s: float = Field(3600, gt=0)  # no new trial starts after this
+    trials: int = Field(200, gt=0)
+
+
+class Staged(_Strict):
+    bench_in_screen: bool = False  # benchmark a survivor in the launch that screened it (saves a launch)
+    survivors: int = Field(4, gt=0)  # best survivors whose numeric knobs are tuned
+    tune_trials: int = Field(6, ge=0)  # Optuna trials, all survivors together
+    finalists: int = Field(2, gt=0)
+    repeats: int = Field(3, ge=2)  # measurements per finalist for the confidence interval
+
+
+class Launch(_Strict):
+    timeout_s: float = Field(300, gt=0)
+    memory_limit_gib: float | None = Field(None, gt=0)
+
+
+class StudyFile(_Strict):
+    name: str = "study"
+    engine: str = "embedded"
+    model: str | None = None  # embedded: a preset (tiny, small) or a directory; others: the model path
+    command: list[str] = Field(default_factory=list)  # command engine: the server line with {port}
+    base: dict[str, FlagValue] = Field(default_factory=dict)
+    axes: dict[str, Union[list[FlagValue], Range]] = Field(default_factory=dict)
+    env: dict[str, str] = Field(default_factory=dict)
+    workload: Workload = Field(default_factory=Workload)
+    slo: SLO = Field(default_factory=SLO)
+    reference: dict[str, FlagValue] | None = None  # flags over base for the probe's reference config
+    budget: Budget = Field(default_factory=Budget)
+    strategy: Literal["grid", "one-factor", "staged", "bisect"] = "staged"
+    staged: Staged = Field(default_factory=Staged)
+    launch: Launch = Field(default_factory=Launch)
+    bisect: dict[str, FlagValue] | None = None  # bisect: the failing combination (flags over base)
+
+    @field_validator("base", "axes", "reference", "bisect")
+    @classmethod
+    def _flag_names(cls, v):
+        for k in v or {}:
+            if not k.startswith("-"):
+                raise ValueError(f"{k!r} is not a flag: write it as the engine does, e.g. --{k.lstrip('-')}")
+        return v
+
+    @field_validator("axes")
+    @classmethod
+    def _non_empty(cls, v):
+        for k, vals in v.items():
+            if isinstance(vals, list) and not vals:
+                raise ValueError(f"axis {k} has no values")
+        return v
+
+    @model_validator(mode="after")
+    def _per_strategy(self) -> "StudyFile":
+        if self.engine == "command" and not self.command:
+            raise ValueError("engine: command needs `command:` (the server line, with {port})")
+        if self.strategy == "bisect" and not self.bisect:
+            raise ValueError("strategy: bisect needs `bisect:` (the failing flags, over base)")
+        if self.strategy != "bisect" and not self.axes:
+            raise ValueError(f"strategy: {self.strategy} needs at least one axis under `axes:`")
+        return self
+
+    def categorical(self) -> dict[str, list[FlagValue]]:
+        return {k: v for k, v in self.axes.items() if isinstance(v, list)}
+
+    def numeric(self) -> dict[str, Range]:
+        return {k: v for k, v in self.axes.items() if isinstance(v, Range)}
+
+    def axis_values(self, flag: str) -> list[FlagValue]:
+        v = self.axes[flag]
+        return v.values() if isinstance(v, Range) else list(v)
+
+
+def _where(loc: tuple) -> str:
+    return ".".join(str(p) for p in loc) or "(top level)"
+
+
+def parse_study(doc: object, source: str = "<study>") -> StudyFile:
+    """Validate a parsed YAML document; StudyError names every problem and its key."""
+    if not isinstance(doc, dict):
+        raise StudyError(f"{source}: a study file is a YAML mapping (engine:, axes:, ...), got {type(doc).__name__}")
+    try:
+        return StudyFile.model_validate(doc)
+    except ValidationError as e:
+        lines = []
+        for err in e.errors():
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                known = ", ".join(StudyFile.model_fields) if len(err["loc"]) == 1 else "see the docs"
+                msg = f"unknown key (known keys: {known})"
+            lines.append(f"  {_where(err['loc'])}: {msg}")
+        raise StudyError(f"{source} is not a valid study file:\n" + "\n".join(lines)) from None
+
+
+def load_study(path: Path) -> StudyFile:
+    path = Path(path)
+    if not path.exists():
+        raise StudyError(f"no study file at {path}: give the path of a YAML study (see examples/*.yaml)")
+    try:
+        doc = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise StudyError(f"{path} is not valid YAML: {e}") from None
+    return parse_study(doc, str(path))

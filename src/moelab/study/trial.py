@@ -1,0 +1,112 @@
+"""One study trial at the process edge: supervised launch, probe, load points, verdict.
+
+`run_trial` is the only place a study starts a server. It returns plain data the store keeps:
+the LaunchResult (verdict, timings, telemetry, paths), metrics per load point and the raw samples.
+A failed probe or a server that died or hung under load becomes the trial's verdict (phase probe
+or load) through the supervisor, which also tears the whole tree down on any exit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from moelab.spec import LaunchSpec, Phase, Verdict
+
+
+@dataclass
+class TrialOutcome:
+    verdict: Verdict
+    metrics: dict | None = None  # {"points": [...], "repeats": [tok/s ...]}
+    samples: list = field(default_factory=list)  # raw load samples, per point
+    telemetry: dict = field(default_factory=dict)
+    paths: dict = field(default_factory=dict)
+    command: list[str] = field(default_factory=list)
+    timings: dict = field(default_factory=dict)
+
+
+def weight_format(flags: dict) -> str | None:
+    """The probe's tolerance class from --quantization (bf16 < fp8 < nvfp4), None for unquantized."""
+    q = str(flags.get("--quantization") or "").lower()
+    if "fp4" in q:
+        return "nvfp4"
+    if "fp8" in q:
+        return "fp8"
+    return None
+
+
+def point_metrics(res, concurrency: int) -> dict:
+    """The few numbers the planner, statistics and report use from one LoadResult."""
+    m = res.metrics
+    return {"concurrency": concurrency, "output_tps": round(m.output_throughput, 3),
+            "request_tps": round(m.request_throughput, 3), "ttft_p50_ms": m.ttft_ms.p50, "ttft_p90_ms": m.ttft_ms.p90,
+            "tpot_p50_ms": m.tpot_ms.p50, "tpot_p90_ms": m.tpot_ms.p90, "e2e_p50_ms": m.e2e_ms.p50,
+            "e2e_p90_ms": m.e2e_ms.p90, "completed": m.completed, "failed": m.failed, "errors": m.errors,
+            "goodput": m.goodput, "valid": res.valid, "invalid_reasons": res.invalid_reasons,
+            "achieved_concurrency": res.delivered.get("concurrency")}
+
+
+def _client_error(srv, phase: Phase, e: Exception) -> Verdict:
+    """A probe/load client error: the server's death or hang explains it, else it is the verdict."""
+    from moelab.spec import Cause, Evidence
+
+    return srv.alive_verdict() or srv.record(Verdict(
+        cause=Cause.unknown, phase=phase, evidence=[Evidence(kind=phase.value, text=f"{type(e).__name__}: {e}")],
+        advice="The server stayed up but the client failed; see the evidence and server.log.")) or srv.verdict
+
+
+def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: dict, reference: Path | None,
+              loads: int, concurrency: list[int], record_reference_to: Path | None = None,
+              on_progress: Callable[[dict], None] | None = None) -> TrialOutcome:
+    """Launch, probe (against `reference`), then `loads` repeats of every load point (0: screen only)."""
+    from moelab.launch import Supervisor
+    from moelab.load import SLO, Workload, run_load
+    from moelab.probe import record_reference, run_probe
+
+    points, samples, repeats = [], [], []
+    fmt = weight_format(flags)
+    with Supervisor(spec, out_dir, probe=False, on_progress=on_progress) as srv:
+        v = srv.wait_ready()
+        if v is None:
+            srv.set_phase(Phase.probe)
+            if on_progress:
+                on_progress({"phase": "probe"})
+            try:
+                if record_reference_to is not None:
+                    rep = record_reference(srv.url, srv.model, record_reference_to)
+                else:
+                    rep = run_probe(srv.url, srv.model, reference, weight_format=fmt)
+                srv.record(rep.verdict)
+            except Exception as e:  # the probe could not talk to it: did the server die or hang?
+                _client_error(srv, Phase.probe, e)
+            v = srv.alive_verdict()
+        for r in range(loads if v is None else 0):
+            srv.set_phase(Phase.load)
+            for c in concurrency:
+                if on_progress:
+                    on_progress({"phase": f"load c={c}" + (f" #{r + 1}" if loads > 1 else "")})
+                w = Workload(concurrency=c, input_len=workload.input_len, output_len=workload.output_len,
+                             num_prompts=workload.num_prompts, seed=workload.seed + r, slo=SLO(**slo),
+                             weight_format=fmt, max_loop_lag_ms=50.0)
+                try:
+                    res = run_load(srv.url, w, model=srv.model, reference=reference)
+                except Exception as e:
+                    v = _client_error(srv, Phase.load, e)
+                    break
+                if res.correctness is not None and not res.correctness.ok:
+                    srv.record(res.correctness)  # wrong answers only at this concurrency: a finding
+                v = srv.alive_verdict()
+                if v is not None:
+                    break
+                pm = point_metrics(res, c)
+                if r == 0:
+                    points.append(pm)
+                    samples.append({"concurrency": c, "samples": [s.model_dump(mode="json") for s in res.samples]})
+                if c == concurrency[-1]:
+                    repeats.append(pm["output_tps"])
+            if v is not None:
+                break
+    result = srv.result
+    metrics = {"points": points, "repeats": repeats} if points else None
+    return TrialOutcome(verdict=result.verdict, metrics=metrics, samples=samples, telemetry=result.telemetry,
+                        paths=result.paths, command=result.command, timings=result.timings)
