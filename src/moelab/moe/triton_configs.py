@@ -1,0 +1,78 @@
+"""Launch configurations for the fused Triton MoE kernel: defaults, and tuned JSON files per GPU.
+
+A tuned file lives in moe/configs/ and is named like vLLM's, plus the weight format:
+    E=128,N=768,device_name=NVIDIA_H200,fmt=bf16.json
+(N is the expert intermediate size I). It maps a token count M to one config:
+    {"BLOCK_M": 16, "up": {BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages}, "down": {...}}
+BLOCK_M is shared because both GEMMs walk the same aligned row list. At run time the nearest
+tuned M is used; without a file, `default_config` applies. `moelab kernels --tune` writes files.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+CONFIG_DIR = Path(__file__).parent / "configs"
+
+
+def device_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name().replace(" ", "_") if torch.cuda.is_available() else "cpu"
+
+
+def config_file_name(E: int, I: int, fmt: str, device: str) -> str:
+    return f"E={E},N={I},device_name={device},fmt={fmt}.json"
+
+
+def config_dirs() -> list[Path]:
+    extra = os.environ.get("MOELAB_MOE_CONFIG_DIR")  # a user's own tuned files win
+    return ([Path(extra)] if extra else []) + [CONFIG_DIR]
+
+
+@functools.lru_cache(maxsize=64)
+def load_tuned(E: int, I: int, fmt: str, device: str) -> dict[int, dict[str, Any]] | None:
+    for d in config_dirs():
+        p = d / config_file_name(E, I, fmt, device)
+        if p.is_file():
+            data = json.loads(p.read_text())
+            return {int(m): c for m, c in data.items() if m.isdigit()}
+    return None
+
+
+def default_config(M: int, E: int, K: int, H: int, I: int, fmt: str) -> dict[str, Any]:
+    """A reasonable untuned choice: small M-blocks while experts get few rows each."""
+    rows = M * K / E  # expected rows per expert under uniform routing
+    bm = 16 if rows <= 16 else 32 if rows <= 48 else 64 if rows <= 160 else 128
+    if bm <= 32:  # weight-streaming regime: many narrow N-tiles so every SM streams weights
+        up = {"BLOCK_N": 32, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
+        down = {"BLOCK_N": 64, "BLOCK_K": 128, "GROUP_M": 1, "num_warps": 4, "num_stages": 4}
+    else:
+        up = {"BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 4, "num_stages": 3}
+        down = {"BLOCK_N": 128, "BLOCK_K": 64, "GROUP_M": 8, "num_warps": 8, "num_stages": 3}
+    return {"BLOCK_M": bm, "up": up, "down": down}
+
+
+def get_config(M: int, E: int, K: int, H: int, I: int, fmt: str) -> dict[str, Any]:
+    tuned = load_tuned(E, I, fmt, device_name())
+    if tuned:
+        near = min(tuned, key=lambda m: abs(m - M))
+        # vLLM uses the nearest key at any distance; a config tuned for 64 tokens is a poor
+        # guess at 1024 (seen: fp8 2x slower), so beyond a factor of 2 the default wins
+        if max(near, M) <= 2 * min(near, M):
+            return tuned[near]
+    return default_config(M, E, K, H, I, fmt)
+
+
+def save_tuned(E: int, I: int, fmt: str, device: str, configs: dict[int, dict[str, Any]],
+               directory: Path | None = None) -> Path:
+    d = directory or config_dirs()[0]
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / config_file_name(E, I, fmt, device)
+    merged = {**(load_tuned(E, I, fmt, device) or {}), **configs}  # tuning some M keeps the others
+    p.write_text(json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=1) + "\n")
+    load_tuned.cache_clear()
+    return p

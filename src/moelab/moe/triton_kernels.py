@@ -1,0 +1,167 @@
+"""The fused MoE GEMM kernels (Triton): gate+up with SiLU-and-mul fused, and down with the router
+weight in its epilogue. Weights are read in their stored format and dequantized in registers:
+
+    FMT 0  bf16/fp16   w [E, N, K]
+    FMT 1  fp8 e4m3    w [E, N, K], per-channel scale s [E, N] applied to the accumulator
+    FMT 2  fp8 e4m3    w [E, N, K], block scale s [E, N/BSN, K/BSK] applied to the tile (BK <= BSK)
+    FMT 3  nvfp4       w [E, N, K/2] uint8, e4m3 scale s [E, N, K/16], fp32 global g applied at the end
+
+For nvfp4 a packed byte holds K-elements 2j (low nibble) and 2j+1 (high): instead of interleaving
+them in registers, the kernel dots the low nibbles with A's even columns and the high nibbles with
+A's odd columns, which is the same sum.
+Rows of the problem are the sorted (token, slot) pairs of `triton_align`; one program computes a
+[BLOCK_M, BLOCK_N] tile for the single expert that owns its M-block.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _e2m1_lo(p):
+    """Low nibble of each packed byte -> float32 value / 2**14, by bit placement in a float16.
+
+    e2m1 (sign, 2 exponent bits, 1 mantissa bit, bias 1) put at float16's sign, exponent low
+    bits and mantissa top bit is the same number scaled by 2**-14 (bias 15), subnormal 0.5
+    included, so no select or table is needed; the 2**14 is folded into the block scale.
+    """
+    bits = ((p & 0x8) << 12) | ((p & 0x7) << 9)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _e2m1_hi(p):
+    bits = ((p & 0x80) << 8) | ((p & 0x70) << 5)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _tile_dot(acc, a_rows, a_mask, w_base, s_base, offs_n, nmask, k0, K,
+              stride_wn, stride_wk, stride_sn, stride_sk,
+              FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, BK: tl.constexpr,
+              DOT_F32: tl.constexpr):
+    """acc [BM, BN] += A[rows, k0:k0+BK] @ dequant(W[offs_n, k0:k0+BK])^T.
+
+    DOT_F32 runs the dot in float32 (Triton's CPU interpreter computes bf16 dots wrongly)."""
+    if FMT == 3:
+        j = tl.arange(0, BK // 2)
+        ke = k0 + 2 * j  # even K columns
+        km = ke < K
+        a_even = tl.load(a_rows[:, None] + ke[None, :], mask=a_mask[:, None] & km[None, :], other=0.0)  # [BM, BK/2]
+        a_odd = tl.load(a_rows[:, None] + ke[None, :] + 1, mask=a_mask[:, None] & km[None, :], other=0.0)
+        wmask = km[:, None] & nmask[None, :]
+        p = tl.load(w_base + offs_n[None, :] * stride_wn + (k0 // 2 + j)[:, None] * stride_wk,
+                    mask=wmask, other=0).to(tl.int32)  # [BK/2, BN] packed bytes
+        # one e4m3 scale per 16 K-values = per 8 packed bytes: load [BK/16, BN], repeat each row 8x
+        g = k0 // 16 + tl.arange(0, BK // 16)
+        s16 = tl.load(s_base + offs_n[None, :] * stride_sn + g[:, None] * stride_sk,
+                      mask=(g * 16 < K)[:, None] & nmask[None, :], other=0.0).to(tl.float32) * 16384.0
+        s = tl.reshape(tl.broadcast_to(s16[:, None, :], (BK // 16, 8, s16.shape[1])), (BK // 2, s16.shape[1]))
+        if DOT_F32:
+            a_even, a_odd = a_even.to(tl.float32), a_odd.to(tl.float32)
+        lo = (_e2m1_lo(p) * s).to(a_even.dtype)
+        hi = (_e2m1_hi(p) * s).to(a_even.dtype)
+        acc = tl.dot(a_even, lo, acc)
+        acc = tl.dot(a_odd, hi, acc)
+    else:
+        offs_k = k0 + tl.arange(0, BK)
+        km = offs_k < K
+        a = tl.load(a_rows[:, None] + offs_k[None, :], mask=a_mask[:, None] & km[None, :], other=0.0)  # [BM, BK]
+        b = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
+                    mask=km[:, None] & nmask[None, :], other=0.0)  # [BK, BN]
+        if DOT_F32:
+            a = a.to(tl.float32)
+        if FMT == 2:
+            s = tl.load(s_base + (offs_n // BSN) * stride_sn + (k0 // BSK) * stride_sk, mask=nmask, other=0.0)
+            b = (b.to(tl.float32) * s[None, :]).to(a.dtype)
+        else:
+            b = b.to(a.dtype)
+        acc = tl.dot(a, b, acc)
+    return acc
+
+
+@triton.jit
+def _pid_mn(num_m, num_n, GROUP_M: tl.constexpr):
+    """Grouped program order: GROUP_M M-blocks share each weight N-tile while it is in L2."""
+    pid = tl.program_id(0)
+    width = GROUP_M * num_n
+    group = pid // width
+    first_m = group * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % width) % size_m, (pid % width) // size_m
+
+
+@triton.jit
+def moe_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
+                  num_pairs, I, H, TOPK, num_m, stride_xm, stride_om,
+                  stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+                  FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, DOT_F32: tl.constexpr,
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """out[row, n] = silu(x[tok] . gate_e[n]) * (x[tok] . up_e[n]) for the sorted rows; out [maxlen, I]."""
+    pid_m, pid_n = _pid_mn(num_m, tl.cdiv(I, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(total_ptr):
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + offs_m)
+    valid = pair < num_pairs
+    tok = (pair // TOPK).to(tl.int64)
+    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < I
+    a_rows = x_ptr + tok * stride_xm
+    w_base = w_ptr + e * stride_we
+    s_base = s_ptr + e * stride_se
+    up_w = w_base + I * stride_wn  # up rows follow the gate rows
+    if FMT == 2:
+        up_s = s_base + (I // BSN) * stride_sn
+    else:
+        up_s = s_base + I * stride_sn
+    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, H, BLOCK_K):
+        acc_g = _tile_dot(acc_g, a_rows, valid, w_base, s_base, offs_n, nmask, k0, H,
+                          stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
+        acc_u = _tile_dot(acc_u, a_rows, valid, up_w, up_s, offs_n, nmask, k0, H,
+                          stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
+    if FMT == 1:
+        acc_g *= tl.load(s_base + offs_n * stride_sn, mask=nmask, other=0.0)[None, :]
+        acc_u *= tl.load(up_s + offs_n * stride_sn, mask=nmask, other=0.0)[None, :]
+    if FMT == 3:
+        acc_g *= tl.load(g_ptr + e * 2)
+        acc_u *= tl.load(g_ptr + e * 2 + 1)
+    h = acc_g * tl.sigmoid(acc_g) * acc_u  # SiLU(gate) * up, in fp32
+    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, h.to(out_ptr.dtype.element_ty), mask=nmask[None, :])
+
+
+@triton.jit
+def moe_down_kernel(a_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
+                    num_pairs, H, I, num_m, stride_am, stride_om,
+                    stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+                    FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, DOT_F32: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+    """out[pair, n] = topk_w[pair] * (act[row] . down_e[n]); act [maxlen, I] sorted, out [T*K, H]."""
+    pid_m, pid_n = _pid_mn(num_m, tl.cdiv(H, BLOCK_N), GROUP_M)
+    if pid_m * BLOCK_M >= tl.load(total_ptr):
+        return
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + offs_m)
+    valid = pair < num_pairs
+    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < H
+    a_rows = a_ptr + offs_m.to(tl.int64) * stride_am
+    w_base = w_ptr + e * stride_we
+    s_base = s_ptr + e * stride_se
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        acc = _tile_dot(acc, a_rows, valid, w_base, s_base, offs_n, nmask, k0, I,
+                        stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
+    if FMT == 1:
+        acc *= tl.load(s_base + offs_n * stride_sn, mask=nmask, other=0.0)[None, :]
+    if FMT == 3:
+        acc *= tl.load(g_ptr + e)
+    acc *= tl.load(tw_ptr + pair, mask=valid, other=0.0).to(tl.float32)[:, None]  # router weight
+    out = out_ptr + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & nmask[None, :])

@@ -1,0 +1,160 @@
+"""Every MoE runner backend against the reference, over a grid of shapes and weight formats (CPU).
+
+The triton kernel runs through Triton's interpreter (TRITON_INTERPRET=1) in a child process, so the
+interpreter flag never leaks into other tests. A speed report over token counts 1, 2, 4 ... is
+printed next to correctness (`pytest -s` shows it).
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from moelab.moe import RUNNERS, quantize_experts, resolve_runner  # noqa: E402
+from moelab.moe.bf16 import Bf16Experts  # noqa: E402
+
+SHAPES = [(8, 2, 64, 32), (16, 4, 128, 48), (4, 1, 32, 16)]  # (E, K, H, I)
+FORMATS = [("bf16", {}), ("fp8", {}), ("nvfp4", {})]
+
+
+def _problem(E, K, H, I, T, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    w13 = torch.randn(E, 2 * I, H, generator=g) * H ** -0.5
+    w2 = torch.randn(E, H, I, generator=g) * I ** -0.5
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    probs = torch.softmax(torch.randn(T, E, generator=g), dim=1)
+    tw, ids = torch.topk(probs, K, dim=1)
+    return w13, w2, x, tw, ids
+
+
+def _rel(a, b):
+    return ((a.float() - b.float()).norm() / b.float().norm()).item()
+
+
+@pytest.mark.parametrize("fmt,opts", FORMATS)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_grouped_matches_reference(shape, fmt, opts):
+    E, K, H, I = shape
+    for T in (1, 5, 33):
+        w13, w2, x, tw, ids = _problem(E, K, H, I, T, seed=T)
+        w = quantize_experts(w13, w2, fmt, **opts)
+        ref = RUNNERS.create("reference")(x, tw, ids, w)
+        out = RUNNERS.create("grouped")(x, tw, ids, w)
+        assert out.shape == (T, H) and out.dtype == x.dtype
+        assert torch.isfinite(out).all()
+        assert _rel(out, ref) < 2e-2
+
+
+def test_reference_is_the_dense_formula():
+    E, K, H, I, T = 4, 2, 16, 8, 3
+    w13, w2, x, tw, ids = _problem(E, K, H, I, T)
+    out = RUNNERS.create("reference")(x.float(), tw, ids, Bf16Experts(w13, w2))
+    expect = torch.zeros(T, H)
+    for t in range(T):
+        for k in range(K):
+            e = ids[t, k]
+            h = w13[e] @ x[t].float()
+            expect[t] += tw[t, k] * (w2[e] @ (torch.nn.functional.silu(h[:I]) * h[I:]))
+    assert torch.allclose(out, expect, atol=1e-5)
+
+
+@pytest.mark.parametrize("fmt,opts,tol", [("bf16", {}, 1e-2), ("fp8", {}, 6e-2), ("fp8", {"block": (128, 128)}, 6e-2),
+                                          ("nvfp4", {}, 0.15)])
+def test_quantized_weights_stay_close_to_dense(fmt, opts, tol):
+    w13, w2, *_ = _problem(2, 1, 256, 128, 1)
+    w = quantize_experts(w13, w2, fmt, **opts)
+    d13, d2 = w.dequantize(torch.float32)
+    assert _rel(d13, w13) < tol and _rel(d2, w2) < tol
+    dense_bytes = (w13.numel() + w2.numel()) * 2
+    assert w.nbytes() <= dense_bytes * {"bf16": 1, "fp8": 0.52, "nvfp4": 0.3}[fmt]
+
+
+def test_nvfp4_layout_is_modelopt():
+    w13, w2, *_ = _problem(2, 1, 64, 32, 1)
+    w = quantize_experts(w13, w2, "nvfp4")
+    assert w.w13.dtype == torch.uint8 and w.w13.shape == (2, 64, 32)  # two e2m1 per byte along K
+    assert w.w13_scale.dtype == torch.float8_e4m3fn and w.w13_scale.shape == (2, 64, 4)  # one per 16
+    assert w.w13_scale_2.shape == (2, 2) and w.w2_scale_2.shape == (2,)  # fp32 global (gate, up) / down
+
+
+def test_bad_format_and_block_are_refused_clearly():
+    w13, w2, *_ = _problem(2, 1, 64, 32, 1)
+    with pytest.raises(ValueError, match="unknown weight format 'int3'"):
+        quantize_experts(w13, w2, "int3")
+    with pytest.raises(ValueError, match="divisible"):
+        quantize_experts(w13, w2, "fp8", block=(128, 128))
+
+
+def test_resolve_runner_auto_and_refusals():
+    cpu = torch.device("cpu")
+    assert resolve_runner("auto", cpu, "bf16")[0] == "grouped"
+    assert resolve_runner("reference", cpu, "nvfp4") == ("reference", "reference: chosen explicitly")
+    with pytest.raises(ValueError, match="--moe-runner-backend triton cannot run here.*CUDA.*grouped"):
+        resolve_runner("triton", cpu, "bf16")
+    with pytest.raises(ValueError, match="--moe-runner-backend 'fast' is unknown"):
+        resolve_runner("fast", cpu, "bf16")
+    with pytest.raises(ValueError, match="--quantization"):
+        resolve_runner("auto", cpu, "int4")
+    if torch.cuda.is_available():
+        assert resolve_runner("auto", torch.device("cuda"), "nvfp4")[0] == "triton"
+
+
+_INTERP = r"""
+import json, sys, torch
+from moelab.moe import RUNNERS, quantize_experts
+res = []
+for (E, K, H, I, T, fmt, block) in json.loads(sys.argv[1]):
+    g = torch.Generator().manual_seed(E * T + H)
+    w13 = torch.randn(E, 2 * I, H, generator=g) * H ** -0.5
+    w2 = torch.randn(E, H, I, generator=g) * I ** -0.5
+    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    tw, ids = torch.topk(torch.softmax(torch.randn(T, E, generator=g), 1), K, dim=1)
+    w = quantize_experts(w13, w2, fmt, **({"block": tuple(block)} if block else {}))
+    out = RUNNERS.create("triton")(x, tw, ids, w).float()
+    ref = RUNNERS.create("reference")(x, tw, ids, w).float()
+    res.append({"case": [E, K, H, I, T, fmt, block], "finite": bool(torch.isfinite(out).all()),
+                "err": float((out - ref).norm() / ref.norm())})
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.slow
+def test_triton_kernel_matches_reference_in_interpreter():
+    pytest.importorskip("triton")
+    cases = [(8, 2, 64, 32, T, fmt, None) for T in (1, 7, 40) for fmt in ("bf16", "fp8", "nvfp4")]
+    cases += [(16, 4, 128, 48, 9, fmt, None) for fmt in ("bf16", "fp8", "nvfp4")]  # I not a tile multiple
+    cases += [(2, 1, 256, 128, 5, "fp8", [128, 128])]
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", _INTERP, json.dumps(cases)], capture_output=True, text=True,
+                       env=env, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    for r in json.loads(p.stdout):
+        print(f"triton (interpreter) {r['case']}: rel err {r['err']:.2e}")
+        assert r["finite"] and r["err"] < 2e-2, r
+
+
+def test_speed_next_to_correctness_over_token_counts():
+    """grouped vs reference on CPU: correctness and wall-clock per token count (printed)."""
+    E, K, H, I = 16, 4, 256, 128
+    w13, w2, *_ = _problem(E, K, H, I, 1)
+    w = quantize_experts(w13, w2, "bf16")
+    ref, grouped = RUNNERS.create("reference"), RUNNERS.create("grouped")
+    print(f"\n{'T':>5} {'reference us':>13} {'grouped us':>11} {'rel err':>8}")
+    for T in (1, 2, 4, 8, 16, 32, 64):
+        _, _, x, tw, ids = _problem(E, K, H, I, T, seed=T)
+        times = []
+        for fn in (ref, grouped):
+            t0 = time.perf_counter()
+            out = fn(x, tw, ids, w)
+            times.append((time.perf_counter() - t0) * 1e6)
+            if fn is ref:
+                r = out
+        err = _rel(out, r)
+        print(f"{T:>5} {times[0]:>13.0f} {times[1]:>11.0f} {err:>8.1e}")
+        assert err < 2e-2
