@@ -88,6 +88,12 @@ def build_engine(cfg: ServerConfig) -> tuple[Engine, dict[str, Any]]:
         threads = max(1, min(os.cpu_count() or 1, mc.hidden_size // 512))
         torch.set_num_threads(threads)
         phase("config", f"cpu threads={threads}")
+    elif res.device.startswith("cuda"):
+        # Every decode step has a new key length, and PyTorch's cuDNN attention builds a cuDNN graph
+        # per new shape: measured on an H200 with the small preset, 26 ms of host time per
+        # scaled_dot_product_attention call (~120 ms a step at 32 sequences, against ~2 ms of GPU
+        # work). The flash / memory-efficient kernels take any shape without a per-shape build.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     dense, experts = load_weights(cfg, res, mc)
     tok = load_tokenizer(Path(cfg.model_path) if cfg.model_path else None)
     tok.model_vocab_size = mc.vocab_size
