@@ -14,6 +14,14 @@ from typing import ClassVar
 from moelab.spec import LaunchSpec
 
 
+def with_host_port(args: list[str], host: str, port: int) -> list[str]:
+    """args plus `--host H --port P` where the user did not give them (their values always win)."""
+    have = {a.split("=", 1)[0] for a in args}
+    extra = [] if "--host" in have else ["--host", host]
+    extra += [] if "--port" in have else ["--port", str(port)]
+    return [*args, *extra]
+
+
 class EngineAdapter(ABC):
     name: ClassVar[str]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import ClassVar
 
-from moelab.engines.base import EngineAdapter
+from moelab.engines.base import EngineAdapter, with_host_port
 from moelab.spec import LaunchSpec
 
 
@@ -19,13 +19,8 @@ class EmbeddedAdapter(EngineAdapter):
         args = list(spec.args)
         if args[:1] == ["serve"]:  # accept `moelab launch -- serve --preset tiny` too
             args = args[1:]
-        have = {a.split("=", 1)[0] for a in args}
-        extra = []
-        if "--host" not in have:
-            extra += ["--host", spec.host]
-        if "--port" not in have:
-            extra += ["--port", str(port)]
-        return [sys.executable, "-m", "moelab.cli", "serve", *args, *extra], {"PYTHONUNBUFFERED": "1"}
+        return [sys.executable, "-m", "moelab.cli", "serve", *with_host_port(args, spec.host, port)], \
+            {"PYTHONUNBUFFERED": "1"}
 
     def version(self) -> str | None:
         from moelab import __version__

@@ -14,8 +14,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar
 
-from moelab.engines.base import EngineAdapter
-from moelab.engines.flags import Catalogue, FlagProblem, load_or_build, preflight_verdict, validate
+from moelab.engines.base import with_host_port
+from moelab.engines.catalogued import CataloguedAdapter
+from moelab.engines.flags import Catalogue, load_or_build
 from moelab.spec import LaunchSpec
 
 RULES = Path(__file__).parent.parent / "diagnose" / "rules" / "sglang.yaml"
@@ -56,7 +57,8 @@ def _strip_prefix(args: list[str]) -> list[str]:
     return args
 
 
-class SglangAdapter(EngineAdapter):
+class SglangAdapter(CataloguedAdapter):
+    rules_file: ClassVar[Path] = RULES
     name: ClassVar[str] = "sglang"
     memory_fraction_flag: ClassVar[str] = "--mem-fraction-static"
     # SGLang sizes the default by GPU memory and TP (about 0.8-0.9 on 80-192 GB GPUs); moelab assumes
@@ -77,13 +79,7 @@ class SglangAdapter(EngineAdapter):
             raise FileNotFoundError("sglang is not installed here: pip install sglang (needs a CUDA GPU), "
                                     "or set MOELAB_SGLANG_PYTHON to the python of an environment that has it")
         args = _strip_prefix(spec.args)
-        have = {a.split("=", 1)[0] for a in args}
-        extra = []
-        if "--host" not in have:
-            extra += ["--host", spec.host]
-        if "--port" not in have:
-            extra += ["--port", str(port)]
-        return [found[0], *_ENTRY, *args, *extra], {"PYTHONUNBUFFERED": "1"}
+        return [found[0], *_ENTRY, *with_host_port(args, spec.host, port)], {"PYTHONUNBUFFERED": "1"}
 
     def version(self) -> str | None:
         found = find_sglang()
@@ -101,17 +97,5 @@ class SglangAdapter(EngineAdapter):
             return load_or_build(self.name, None, None)
         return load_or_build(self.name, found[1], [found[0], *_ENTRY, "--help"])
 
-    def check_args(self, args: list[str]) -> tuple[Catalogue, list[FlagProblem]]:
-        cat = self.flag_catalogue()
-        return cat, validate(_strip_prefix(args), cat)
-
-    def preflight(self, spec: LaunchSpec):
-        return preflight_verdict(self.name, self.flag_catalogue(), _strip_prefix(spec.args), spec.env)
-
-    def rules_path(self) -> Path:
-        return RULES
-
-    def fingerprint(self) -> dict:
-        from moelab.hw import fingerprint
-
-        return fingerprint(self.name, self.version())
+    def engine_args(self, args: list[str]) -> list[str]:
+        return _strip_prefix(args)

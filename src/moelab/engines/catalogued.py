@@ -1,0 +1,43 @@
+"""Adapters for engines whose flags moelab reads from the engine's own `--help` (vLLM, SGLang).
+
+They share everything that follows from having a flag catalogue: checking a command line against
+it, the preflight verdict before launch, their rule file, and the environment fingerprint. Each
+subclass says how to find the engine, how to read its catalogue, and how to strip its command
+prefix (`vllm serve`, `python -m sglang.launch_server`) from a user's command line.
+"""
+from __future__ import annotations
+
+from abc import abstractmethod
+from pathlib import Path
+from typing import ClassVar
+
+from moelab.engines.base import EngineAdapter
+from moelab.engines.flags import Catalogue, FlagProblem, preflight_verdict, validate
+from moelab.spec import LaunchSpec
+
+
+class CataloguedAdapter(EngineAdapter):
+    rules_file: ClassVar[Path]
+
+    @abstractmethod
+    def flag_catalogue(self) -> Catalogue:
+        """The installed engine's flags (cached per version), or a bundled catalogue."""
+
+    @abstractmethod
+    def engine_args(self, args: list[str]) -> list[str]:
+        """The engine's own arguments, without the command prefix the user may have typed."""
+
+    def check_args(self, args: list[str]) -> tuple[Catalogue, list[FlagProblem]]:
+        cat = self.flag_catalogue()
+        return cat, validate(self.engine_args(args), cat)
+
+    def preflight(self, spec: LaunchSpec):
+        return preflight_verdict(self.name, self.flag_catalogue(), self.engine_args(spec.args), spec.env)
+
+    def rules_path(self) -> Path:
+        return self.rules_file
+
+    def fingerprint(self) -> dict:
+        from moelab.hw import fingerprint
+
+        return fingerprint(self.name, self.version())
