@@ -53,13 +53,15 @@ class TritonRunner(MoERunner):
         why = super().unsupported_reason(device, fmt)
         if why:
             return why
+        # The GPU first: on a CPU-only machine "no CUDA" is the reason that matters, whether or
+        # not the triton package happens to be installed.
+        if device.type != "cuda" and not _interpreting():
+            return (f"the triton MoE runner needs a CUDA GPU (device is {device.type}; "
+                    "TRITON_INTERPRET=1 runs it slowly on CPU for tests)")
         try:
             import triton  # noqa: F401
         except ImportError:
             return "the triton MoE runner needs the triton package, which is not installed"
-        if device.type != "cuda" and not _interpreting():
-            return (f"the triton MoE runner needs a CUDA GPU (device is {device.type}; "
-                    "TRITON_INTERPRET=1 runs it slowly on CPU for tests)")
         return None
 
     def __call__(self, x, topk_weights, topk_ids, w: ExpertWeights):
