@@ -108,35 +108,104 @@ def test_resolve_runner_auto_and_refusals():
 _INTERP = r"""
 import json, sys, torch
 from moelab.moe import RUNNERS, quantize_experts
+from moelab.moe.triton_configs import gemv_config, tiled_config
+from moelab.moe.triton_runner import TritonRunner
 res = []
-for (E, K, H, I, T, fmt, block) in json.loads(sys.argv[1]):
+for c in json.loads(sys.argv[1]):
+    E, K, H, I = c["shape"]
+    T, fmt, block = c["T"], c["fmt"], c.get("block")
     g = torch.Generator().manual_seed(E * T + H)
     w13 = torch.randn(E, 2 * I, H, generator=g) * H ** -0.5
     w2 = torch.randn(E, H, I, generator=g) * I ** -0.5
-    x = torch.randn(T, H, generator=g).to(torch.bfloat16)
+    x = torch.randn(T, H, generator=g).to(getattr(torch, c.get("x", "bfloat16")))
     tw, ids = torch.topk(torch.softmax(torch.randn(T, E, generator=g), 1), K, dim=1)
+    if "ids" in c:  # fixed routing, as int32 like the model's
+        ids = torch.tensor(c["ids"], dtype=torch.int32)
     w = quantize_experts(w13, w2, fmt, **({"block": tuple(block)} if block else {}))
-    out = RUNNERS.create("triton")(x, tw, ids, w).float()
+    cfg = {"tiled": lambda: tiled_config(T, E, K, H, I, fmt), "gemv": gemv_config,
+           None: lambda: None}[c.get("path")]()
+    for stage, tile in c.get("tiles", {}).items():
+        cfg[stage].update(tile)
+    out = TritonRunner(cfg)(x, tw, ids, w)
     ref = RUNNERS.create("reference")(x, tw, ids, w).float()
-    res.append({"case": [E, K, H, I, T, fmt, block], "finite": bool(torch.isfinite(out).all()),
-                "err": float((out - ref).norm() / ref.norm())})
+    res.append({"case": c, "dtype": str(out.dtype).removeprefix("torch."), "finite": bool(torch.isfinite(out).all()),
+                "err": float((out.float() - ref).norm() / ref.norm())})
 print(json.dumps(res))
 """
+
+
+def _interpret(cases: list[dict]) -> list[dict]:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", _INTERP, json.dumps(cases)], capture_output=True, text=True,
+                       env=env, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout)
 
 
 @pytest.mark.slow
 def test_triton_kernel_matches_reference_in_interpreter():
     pytest.importorskip("triton")
-    cases = [(8, 2, 64, 32, T, fmt, None) for T in (1, 7, 40) for fmt in ("bf16", "fp8", "nvfp4")]
-    cases += [(16, 4, 128, 48, 9, fmt, None) for fmt in ("bf16", "fp8", "nvfp4")]  # I not a tile multiple
-    cases += [(2, 1, 256, 128, 5, "fp8", [128, 128])]
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    p = subprocess.run([sys.executable, "-c", _INTERP, json.dumps(cases)], capture_output=True, text=True,
-                       env=env, timeout=240)
-    assert p.returncode == 0, p.stderr[-2000:]
-    for r in json.loads(p.stdout):
+    fmts = ("bf16", "fp8", "nvfp4")
+    cases = [{"shape": [8, 2, 64, 32], "T": T, "fmt": fmt} for T in (1, 7, 40) for fmt in fmts]
+    cases += [{"shape": [16, 4, 128, 48], "T": 9, "fmt": fmt} for fmt in fmts]  # I not a tile multiple
+    cases += [{"shape": [2, 1, 256, 128], "T": 5, "fmt": "fp8", "block": [128, 128]}]
+    cases = [{**c, "path": "tiled"} for c in cases]  # the default for most of these is gemv, tested below
+    for r in _interpret(cases):
         print(f"triton (interpreter) {r['case']}: rel err {r['err']:.2e}")
         assert r["finite"] and r["err"] < 2e-2, r
+
+
+# (fmt, block, shape): shapes not multiples of the tiles (K tails masked), block fp8 needs 128s
+_GEMV_FORMATS = [("bf16", None, [8, 2, 96, 40]), ("fp8", None, [8, 2, 96, 40]),
+                 ("fp8", [128, 128], [4, 2, 256, 128]), ("nvfp4", None, [8, 2, 96, 48])]
+
+
+@pytest.mark.slow
+def test_gemv_path_matches_reference_in_interpreter():
+    """Every format at 1 and 3 tokens, and with 3 tokens sharing an expert (int32 ids), at the
+    default gemv tiles and at small ones (several K blocks, N and K tails). fp32 activations make
+    the check tight: the gemv kernels accumulate in fp32 like the reference."""
+    pytest.importorskip("triton")
+    small = {"up": {"BLOCK_N": 8, "BLOCK_K": 32}, "down": {"BLOCK_N": 16, "BLOCK_K": 16}}
+    cases = []
+    for fmt, block, shape in _GEMV_FORMATS:
+        base = {"shape": shape, "fmt": fmt, "block": block, "path": "gemv"}
+        cases += [{**base, "T": 1, "x": "float32"}, {**base, "T": 3}, {**base, "T": 3, "tiles": small, "x": "float32"},
+                  {**base, "T": 3, "ids": [[1, 3], [3, 0], [2, 3]], "x": "float32"}]
+    cases.append({"shape": [8, 2, 96, 40], "T": 2, "fmt": "bf16"})  # no config: the default for 4 pairs is gemv
+    for r in _interpret(cases):
+        c = r["case"]
+        print(f"triton gemv (interpreter) {c}: rel err {r['err']:.2e}")
+        assert r["finite"] and r["dtype"] == c.get("x", "bfloat16"), r
+        assert r["err"] < (1e-5 if c.get("x") == "float32" else 2e-2), r
+
+
+def test_default_config_picks_gemv_for_few_pairs():
+    from moelab.moe.triton_configs import GEMV_MAX_PAIRS, default_config
+
+    E, K, H, I = 128, 8, 2048, 768
+    few = default_config(GEMV_MAX_PAIRS // K, E, K, H, I, "nvfp4")
+    assert few["path"] == "gemv" and "BLOCK_M" not in few and {"BLOCK_N", "BLOCK_K"} <= set(few["up"])
+    many = default_config(GEMV_MAX_PAIRS // K + 1, E, K, H, I, "nvfp4")
+    assert many.get("path", "tiled") == "tiled" and many["BLOCK_M"] >= 16
+
+
+def test_get_config_honours_a_tuned_file_mixing_both_paths(tmp_path, monkeypatch):
+    from moelab.moe import triton_configs as tc
+
+    E, K, H, I = 8, 2, 64, 32
+    gemv = {**tc.gemv_config(), "up": {"BLOCK_N": 8, "BLOCK_K": 128, "num_warps": 2, "num_stages": 2}}
+    tiled = tc.tiled_config(4, E, K, H, I, "bf16")
+    monkeypatch.setenv("MOELAB_MOE_CONFIG_DIR", str(tmp_path))
+    tc.load_tuned.cache_clear()
+    try:
+        tc.save_tuned(E, I, "bf16", tc.device_name(), {1: gemv, 4: tiled, 100: gemv})
+        assert tc.get_config(1, E, K, H, I, "bf16") == gemv
+        assert tc.get_config(3, E, K, H, I, "bf16") == tiled  # nearest is 4: tuned tiled wins over default gemv
+        assert tc.get_config(120, E, K, H, I, "bf16") == gemv  # tuned gemv wins over default tiled
+        assert "path" not in tc.get_config(1000, E, K, H, I, "bf16")  # too far from any tuned M: default
+    finally:
+        tc.load_tuned.cache_clear()
 
 
 def test_speed_next_to_correctness_over_token_counts():

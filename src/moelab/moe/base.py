@@ -45,6 +45,8 @@ class MoERunner(ABC):
 
     name: ClassVar[str]
     formats: ClassVar[tuple[str, ...]]  # weight formats this backend accepts
+    # True when a call never synchronises with the host, so the engine may capture it in a CUDA graph
+    graph_safe: ClassVar[bool] = False
 
     @classmethod
     def unsupported_reason(cls, device: "torch.device", fmt: str) -> str | None:
@@ -52,6 +54,11 @@ class MoERunner(ABC):
         if fmt not in cls.formats:
             return f"the {cls.name} MoE runner does not take {fmt} weights (it takes {', '.join(cls.formats)})"
         return None
+
+    def warm_token_counts(self, max_tokens: int, w: ExpertWeights, top_k: int) -> list[int]:
+        """Token counts whose calls, run once at startup, leave nothing to compile for any call of up
+        to `max_tokens` tokens. Powers of two unless a backend knows better."""
+        return [1 << i for i in range(max_tokens.bit_length()) if 1 << i <= max_tokens]
 
     @abstractmethod
     def __call__(

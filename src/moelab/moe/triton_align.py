@@ -15,7 +15,7 @@ import triton
 import triton.language as tl
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _count_kernel(ids_ptr, counts_ptr, rank_ptr, N, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
@@ -24,7 +24,7 @@ def _count_kernel(ids_ptr, counts_ptr, rank_ptr, N, BLOCK: tl.constexpr):
     tl.store(rank_ptr + offs, r, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "MAXLEN", "NUM_BLOCKS"])
 def _offsets_kernel(counts_ptr, starts_ptr, expert_ids_ptr, total_ptr, sorted_ptr, E, N, MAXLEN,
                     NUM_BLOCKS, BM: tl.constexpr, EB: tl.constexpr, BLOCK: tl.constexpr):
     e = tl.arange(0, EB)
@@ -45,7 +45,7 @@ def _offsets_kernel(counts_ptr, starts_ptr, expert_ids_ptr, total_ptr, sorted_pt
         tl.store(sorted_ptr + i, N, mask=i < MAXLEN)  # sentinel on every row first
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N"])
 def _scatter_kernel(ids_ptr, rank_ptr, starts_ptr, sorted_ptr, N, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
@@ -55,7 +55,7 @@ def _scatter_kernel(ids_ptr, rank_ptr, starts_ptr, sorted_ptr, N, BLOCK: tl.cons
     tl.store(sorted_ptr + s + r, offs, mask=m)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["N", "MAXLEN", "NUM_BLOCKS"])
 def _align_one_program_kernel(ids_ptr, counts_ptr, rank_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
                               E, N, MAXLEN, NUM_BLOCKS, BM: tl.constexpr, EB: tl.constexpr,
                               BLOCK: tl.constexpr):

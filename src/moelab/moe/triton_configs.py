@@ -2,10 +2,12 @@
 
 A tuned file lives in moe/configs/ and is named like vLLM's, plus the weight format:
     E=128,N=768,device_name=NVIDIA_H200,fmt=bf16.json
-(N is the expert intermediate size I). It maps a token count M to one config:
-    {"BLOCK_M": 16, "up": {BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages}, "down": {...}}
-BLOCK_M is shared because both GEMMs walk the same aligned row list. At run time the nearest
-tuned M is used; without a file, `default_config` applies. `moelab kernels --tune` writes files.
+(N is the expert intermediate size I). It maps a token count M to one config of either path:
+    tiled  {"BLOCK_M": 16, "up": {BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages}, "down": {...}}
+    gemv   {"path": "gemv", "up": {BLOCK_N, BLOCK_K, num_warps, num_stages}, "down": {...}}
+BLOCK_M is shared because both tiled GEMMs walk the same aligned row list; the gemv kernels
+(triton_gemv.py) need no alignment. At run time the nearest tuned M is used, with whatever path
+it records; without a file, `default_config` applies. `moelab kernels --tune` writes files.
 """
 from __future__ import annotations
 
@@ -43,7 +45,25 @@ def load_tuned(E: int, I: int, fmt: str, device: str) -> dict[int, dict[str, Any
     return None
 
 
+# Up to this many (token, slot) pairs the default is the gemv path: each pair re-reads its expert's
+# weights (from L2 when pairs share it) and dequantizes them again, which costs less than the tiled
+# path's alignment launches and padded M-blocks while pairs are few. An estimate, not a measured
+# crossover; a tuned file records the faster path per token count.
+GEMV_MAX_PAIRS = 64
+
+
 def default_config(M: int, E: int, K: int, H: int, I: int, fmt: str) -> dict[str, Any]:
+    return gemv_config() if M * K <= GEMV_MAX_PAIRS else tiled_config(M, E, K, H, I, fmt)
+
+
+def gemv_config() -> dict[str, Any]:
+    """Narrow N-tiles, so that one token still makes many programs (Qwen3-30B-A3B: 384 up, 64 down)."""
+    return {"path": "gemv",
+            "up": {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
+            "down": {"BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3}}
+
+
+def tiled_config(M: int, E: int, K: int, H: int, I: int, fmt: str) -> dict[str, Any]:
     """A reasonable untuned choice: small M-blocks while experts get few rows each."""
     rows = M * K / E  # expected rows per expert under uniform routing
     bm = 16 if rows <= 16 else 32 if rows <= 48 else 64 if rows <= 160 else 128

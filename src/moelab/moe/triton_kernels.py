@@ -17,6 +17,11 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+# Arguments that change with the token count. Triton would otherwise compile a new variant of a
+# kernel whenever one of them turns 1 or a multiple of 16 (seen on an H200: a prefill of a new size
+# paid ~1 s of compilation in the middle of serving); they only bound loops and masks.
+TOKEN_ARGS = ["num_pairs", "num_m"]
+
 
 @triton.jit
 def _e2m1_lo(p):
@@ -92,7 +97,7 @@ def _pid_mn(num_m, num_n, GROUP_M: tl.constexpr):
     return first_m + (pid % width) % size_m, (pid % width) // size_m
 
 
-@triton.jit
+@triton.jit(do_not_specialize=TOKEN_ARGS)
 def moe_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
                   num_pairs, I, H, TOPK, num_m, stride_xm, stride_om,
                   stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
@@ -135,7 +140,7 @@ def moe_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, sorted_ptr, expert_ids_pt
     tl.store(out, h.to(out_ptr.dtype.element_ty), mask=nmask[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=TOKEN_ARGS)
 def moe_down_kernel(a_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
                     num_pairs, H, I, num_m, stride_am, stride_om,
                     stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,

@@ -1,13 +1,17 @@
 """The fused Triton MoE runner: align -> gate/up GEMM + SiLU*up -> down GEMM * router weight -> sum.
 
-Five launches per layer on CUDA (three for alignment, two GEMMs) plus the top-k sum, all free of
-host synchronisation, so a decode step can be captured in a CUDA graph. Quantized weights are read
-in their stored format and dequantized in registers (see triton_kernels.py). Intermediates:
+Tiled path: up to five launches per layer on CUDA (alignment, two GEMMs) plus the top-k sum.
+Intermediates:
     act  [maxlen, I]   SiLU(gate)*up per sorted row (bf16)
     y    [T*K, H]      router-weighted expert outputs per (token, slot)
+Gemv path (a config with "path": "gemv", the default at few tokens): two launches, no alignment,
+the top-k sum fused into the down kernel (triton_gemv.py); act [T*K, I] per pair.
+Both are free of host synchronisation, so a decode step can be captured in a CUDA graph. Quantized
+weights are read in their stored format and dequantized in registers (see triton_kernels.py).
 """
 from __future__ import annotations
 
+import json
 import os
 from typing import Any, ClassVar
 
@@ -44,6 +48,7 @@ def _strides3(t: torch.Tensor) -> tuple[int, int, int]:
 class TritonRunner(MoERunner):
     name: ClassVar[str] = "triton"
     formats: ClassVar[tuple[str, ...]] = ("bf16", "fp8", "nvfp4")
+    graph_safe: ClassVar[bool] = True
 
     def __init__(self, config: dict[str, Any] | None = None) -> None:
         self.config = config  # a fixed launch config (the tuner sets it); None: tuned file or default
@@ -64,6 +69,20 @@ class TritonRunner(MoERunner):
             return "the triton MoE runner needs the triton package, which is not installed"
         return None
 
+    def warm_token_counts(self, max_tokens: int, w: ExpertWeights, top_k: int) -> list[int]:
+        """One token count per distinct compiled variant: launch config x alignment path (the kernels'
+        token-count arguments are not specialised, so nothing else varies)."""
+        from moelab.moe.triton_align import ONE_PROGRAM_MAX_PAIRS
+        from moelab.moe.triton_configs import get_config
+
+        E, H, I = w.shape
+        seen: dict[str, int] = {}
+        for T in range(1, max_tokens + 1):
+            cfg = self.config or get_config(T, E, top_k, H, I, w.fmt)
+            key = json.dumps(cfg, sort_keys=True) + str(T * top_k <= ONE_PROGRAM_MAX_PAIRS)
+            seen.setdefault(key, T)
+        return sorted(seen.values())
+
     def __call__(self, x, topk_weights, topk_ids, w: ExpertWeights):
         from moelab.moe.triton_align import align_block_size
         from moelab.moe.triton_configs import get_config
@@ -75,9 +94,12 @@ class TritonRunner(MoERunner):
         x = x.contiguous()
         fmt, (bsn, bsk), (w13, s13, g13), (w2, s2, g2) = _operands(w)
         cfg = self.config or get_config(T, E, K, H, I, w.fmt)
-        bm, up, down = cfg["BLOCK_M"], dict(cfg["up"]), dict(cfg["down"])
+        up, down = dict(cfg["up"]), dict(cfg["down"])
         if fmt == _FMT_FP8_BLOCK:  # one k-scale per tile
             up["BLOCK_K"], down["BLOCK_K"] = min(up["BLOCK_K"], bsk), min(down["BLOCK_K"], bsk)
+        if cfg.get("path") == "gemv":
+            return _gemv(x, topk_weights, topk_ids, I, fmt, (bsn, bsk), (w13, s13, g13), (w2, s2, g2), up, down)
+        bm = cfg["BLOCK_M"]
         sorted_ids, expert_ids, total = align_block_size(topk_ids, E, bm)
         num_m = expert_ids.numel()
         n_pairs = T * K
@@ -85,27 +107,57 @@ class TritonRunner(MoERunner):
         y = torch.empty(n_pairs, H, dtype=x.dtype, device=x.device)  # [T*K, H]
         tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
 
-        def launch_kwargs(c: dict[str, Any]) -> dict[str, Any]:
-            kw = {k: c[k] for k in ("BLOCK_N", "BLOCK_K", "GROUP_M")}
-            if not _interpreting():
-                kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
-            return kw
-
         grid_up = (num_m * triton_cdiv(I, up["BLOCK_N"]),)
         moe_up_kernel[grid_up](
             x, w13, s13, g13, act, sorted_ids, expert_ids, total,
             n_pairs, I, H, K, num_m, x.stride(0), act.stride(0),
             *_strides3(w13), *_strides3(s13),
-            FMT=fmt, BSN=bsn, BSK=bsk, DOT_F32=_interpreting(), BLOCK_M=bm, **launch_kwargs(up))
+            FMT=fmt, BSN=bsn, BSK=bsk, DOT_F32=_interpreting(), BLOCK_M=bm, **_launch_kwargs(up))
         grid_down = (num_m * triton_cdiv(H, down["BLOCK_N"]),)
         moe_down_kernel[grid_down](
             act, w2, s2, g2, y, tw, sorted_ids, expert_ids, total,
             n_pairs, H, I, num_m, act.stride(0), y.stride(0),
             *_strides3(w2), *_strides3(s2),
-            FMT=fmt, BSN=bsn, BSK=bsk, DOT_F32=_interpreting(), BLOCK_M=bm, **launch_kwargs(down))
+            FMT=fmt, BSN=bsn, BSK=bsk, DOT_F32=_interpreting(), BLOCK_M=bm, **_launch_kwargs(down))
         if K == 1:
             return y
         return y.view(T, K, H).sum(dim=1)  # top-k combine; fp32 accumulation inside torch's sum
+
+
+def _launch_kwargs(c: dict[str, Any]) -> dict[str, Any]:
+    kw = {k: c[k] for k in ("BLOCK_N", "BLOCK_K", "GROUP_M")}
+    if not _interpreting():
+        kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
+    return kw
+
+
+def _gemv(x, topk_weights, topk_ids, I, fmt, blk, up_ops, down_ops, up, down):
+    """The decode path: act [T*K, I] per pair, then out [T, H] with the top-k combine fused."""
+    from moelab.moe.triton_gemv import moe_gemv_down_kernel, moe_gemv_up_kernel
+
+    T, H = x.shape
+    K = topk_ids.shape[1]
+    (w13, s13, g13), (w2, s2, g2) = up_ops, down_ops
+    ids = topk_ids.reshape(-1).contiguous()  # int32 or int64, read as is
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    act = torch.empty(T * K, I, dtype=x.dtype, device=x.device)
+    out = torch.empty(T, H, dtype=x.dtype, device=x.device)
+    moe_gemv_up_kernel[(T * K * triton_cdiv(I, up["BLOCK_N"]),)](
+        x, w13, s13, g13, act, ids, T * K, I, H, K, x.stride(0), act.stride(0),
+        *_strides3(w13), *_strides3(s13), FMT=fmt, BSN=blk[0], BSK=blk[1], **_gemv_kwargs(up, H))
+    moe_gemv_down_kernel[(T * triton_cdiv(H, down["BLOCK_N"]),)](
+        act, w2, s2, g2, out, tw, ids, T, H, I, K, act.stride(0), out.stride(0),
+        *_strides3(w2), *_strides3(s2), FMT=fmt, BSN=blk[0], BSK=blk[1], **_gemv_kwargs(down, I))
+    return out
+
+
+def _gemv_kwargs(c: dict[str, Any], k: int) -> dict[str, Any]:
+    """num_stages goes to the kernels' tl.range (STAGES), which pipelines their dot-free loops."""
+    kw = {"BLOCK_N": c["BLOCK_N"], "BLOCK_K": c["BLOCK_K"], "EVEN_K": k % c["BLOCK_K"] == 0,
+          "STAGES": c["num_stages"]}
+    if not _interpreting():
+        kw["num_warps"] = c["num_warps"]
+    return kw
 
 
 def triton_cdiv(a: int, b: int) -> int:

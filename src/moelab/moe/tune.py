@@ -2,8 +2,10 @@
 
 Coordinate descent per token count, timed on the whole layer call (graph replays, rotating
 routing): for each candidate BLOCK_M, sweep the gate/up kernel's tile with the down kernel at its
-default, then sweep the down kernel with the best gate/up. A config that fails to compile or runs
-out of shared memory is skipped. Small on purpose (vLLM sweeps 1,920 configs per M for an hour).
+default, then sweep the down kernel with the best gate/up. Up to GEMV_TUNE_MAX_PAIRS (token, slot)
+pairs the gemv path (triton_gemv.py) is descended the same way and the faster path is kept. A
+config that fails to compile or runs out of shared memory is skipped. Small on purpose (vLLM
+sweeps 1,920 configs per M for an hour).
 """
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from typing import Any, Callable
 import torch
 
 from moelab.moe.bench import make_inputs, make_weights, time_calls
-from moelab.moe.triton_configs import default_config, device_name, save_tuned
+from moelab.moe.triton_configs import default_config, device_name, gemv_config, save_tuned, tiled_config
 from moelab.moe.triton_runner import TritonRunner
 
 TILES = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
@@ -26,6 +28,18 @@ def tiles_for(bm: int) -> list[dict]:
     return [t for t in TILES if t["num_warps"] == 4 or bm >= 64]
 
 
+GEMV_TUNE_MAX_PAIRS = 256  # past this the gemv path re-reads each expert's weights too often
+GEMV_TILES = [dict(BLOCK_N=bn, BLOCK_K=bk, num_warps=nw, num_stages=ns)
+              for bn, bk, nw, ns in itertools.product((8, 16, 32, 64), (128, 256, 512), (2, 4, 8), (2, 3))]
+
+
+def gemv_tiles_for(stage: str) -> list[dict]:
+    """32-64 fp32 accumulators per thread: fewer starve the weight stream, more spill.
+    The up kernel's tile stacks gate and up rows, so it holds 2*BLOCK_N rows."""
+    rows = 2 if stage == "up" else 1
+    return [t for t in GEMV_TILES if 32 <= rows * t["BLOCK_N"] * t["BLOCK_K"] // (32 * t["num_warps"]) <= 64]
+
+
 def _time(cfg: dict, w, inputs, dev) -> float:
     runner = TritonRunner(cfg)
     try:
@@ -34,6 +48,17 @@ def _time(cfg: dict, w, inputs, dev) -> float:
     except Exception:  # OutOfResources, compile failure: not a candidate
         torch.cuda.synchronize()
         return float("inf")
+
+
+def _descend(cfg: dict, us: float, tiles: dict[str, list[dict]], w, inputs, dev) -> tuple[dict, float]:
+    """The up kernel's tile with down fixed, then down's with the best up."""
+    for stage in ("up", "down"):
+        for tile in tiles[stage]:
+            cand = {**cfg, stage: tile}
+            t = _time(cand, w, inputs, dev)
+            if t < us:
+                cfg, us = cand, t
+    return cfg, us
 
 
 def tune(spec: dict, emit: Callable[[dict[str, Any]], None]) -> None:
@@ -47,17 +72,18 @@ def tune(spec: dict, emit: Callable[[dict[str, Any]], None]) -> None:
         base = default_config(T, E, K, H, I, fmt)
         best, best_us = base, _time(base, w, inputs, dev)
         default_us = best_us
-        bms = sorted({base["BLOCK_M"], max(16, base["BLOCK_M"] // 2)})
-        for bm in bms:
-            group = 1 if bm <= 32 else 8
-            cur = {**best, "BLOCK_M": bm}
-            cur_us = _time(cur, w, inputs, dev) if bm != best["BLOCK_M"] else best_us
-            for stage in ("up", "down"):
-                for tile in tiles_for(bm):
-                    cand = {**cur, stage: {**tile, "GROUP_M": group}}
-                    us = _time(cand, w, inputs, dev)
-                    if us < cur_us:
-                        cur, cur_us = cand, us
+        tiled = tiled_config(T, E, K, H, I, fmt)
+        for bm in sorted({tiled["BLOCK_M"], max(16, tiled["BLOCK_M"] // 2)}):
+            tiles = [{**t, "GROUP_M": 1 if bm <= 32 else 8} for t in tiles_for(bm)]
+            cur = {**tiled, "BLOCK_M": bm}
+            cur, cur_us = _descend(cur, _time(cur, w, inputs, dev), {"up": tiles, "down": tiles}, w, inputs, dev)
+            if cur_us < best_us:
+                best, best_us = cur, cur_us
+            tiled = cur
+        if T * K <= GEMV_TUNE_MAX_PAIRS:
+            cur = gemv_config()
+            cur, cur_us = _descend(cur, _time(cur, w, inputs, dev),
+                                   {s: gemv_tiles_for(s) for s in ("up", "down")}, w, inputs, dev)
             if cur_us < best_us:
                 best, best_us = cur, cur_us
         best_by_m[T] = best

@@ -1,0 +1,191 @@
+"""Decode-size MoE kernels (Triton): two launches per layer, no alignment, no top-k sum.
+
+At a few tokens the tiled path (triton_kernels.py) is latency-bound: alignment launches, M-blocks
+that are mostly padding, a [T*K, H] buffer and a torch sum. Here:
+    moe_gemv_up_kernel    act[p] = silu(x[t] . gate_e) * (x[t] . up_e)   per pair p = t*K+k, e = topk_ids[p]
+    moe_gemv_down_kernel  out[t] = sum_k topk_w[t, k] * (act[t*K+k] . down_e)   slots summed in-program
+Each program computes a block of rows with FMAs, not tl.dot (one activation row would fill a
+sixteenth of an MMA): it loads the weight tile [rows, BLOCK_K] along K (coalesced), dequantizes it
+in registers (format codes as in triton_kernels.py), multiplies by the broadcast activation slice
+and accumulates elementwise in fp32, reducing the rows once after the K loop. The pair (up) or
+token (down) index varies fastest in program order, so programs that share an expert read each
+weight tile at about the same time and L2 serves the repeats. The K loops are software-pipelined
+through tl.range(num_stages=STAGES): Triton pipelines only loads that feed a tl.dot unless a loop
+asks. The down kernel adds the top-k slots in a fixed order, so results are deterministic.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# nvfp4 values are read as float32 * 2**-126 (see _row_products); activations are scaled by 2**64
+# so that products stay normal floats, and 2**62 restores the result.
+_NVFP4_ACT_SCALE = tl.constexpr(2.0 ** 64)
+_NVFP4_UNSCALE = tl.constexpr(2.0 ** 62)
+
+
+@triton.jit
+def _act(a_ptr, k0, K, FMT: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """The activation slice a[k0:k0+BK] in fp32: [BK], or [BK/8, 8] * 2**64 for nvfp4 (per packed word)."""
+    if FMT == 3:
+        offs = k0 + tl.arange(0, BK // 8)[:, None] * 8 + tl.arange(0, 8)[None, :]
+    else:
+        offs = k0 + tl.arange(0, BK)
+    if EVEN_K:
+        a = tl.load(a_ptr + offs).to(tl.float32)
+    else:
+        a = tl.load(a_ptr + offs, mask=offs < K, other=0.0).to(tl.float32)
+    if FMT == 3:
+        a *= _NVFP4_ACT_SCALE
+    return a
+
+
+@triton.jit
+def _bf16x2(v):
+    """A uint32 holding two bfloat16 -> (low, high) as float32."""
+    return (v << 16).to(tl.float32, bitcast=True), (v & 0xFFFF0000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _row_products(acc, a, w_base, s_base, rows, rmask, k0, K,
+                  stride_wn, stride_wk, stride_sn, stride_sk,
+                  FMT: tl.constexpr, TILE_SCALE: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr,
+                  BK: tl.constexpr, EVEN_K: tl.constexpr):
+    """acc += dequant(W[rows, k0:k0+BK]) * a, elementwise, with a from _act: acc [R, BK].
+
+    TILE_SCALE multiplies the tile by s[row // BSN, k0 // BSK] (fp8 block scales, BK <= BSK; a
+    per-channel scale is the same with BSN = BSK = 1 and stride_sk = 0). EVEN_K (K % BK == 0)
+    drops the K mask, which would otherwise cap the vector width of the loads.
+    nvfp4: acc is [R, BK/16], one entry per e4m3 scale group. The tile is loaded as uint32 words of 8
+    values (nibble i = element 8w+i). Nibbles i and i+4 sit 16 bits apart, so one shift-and-mask per
+    field moves both into bfloat16 bit positions at once (sign to bit 15, exponent and mantissa bits
+    to 8..6); that reads as the value * 2**-126 and widens to float32 with one shift or mask. The
+    code for 0.5 becomes a float32 subnormal, which fma.rn.f32 keeps (Triton emits no .ftz). A
+    word's 8 products are summed with FMAs and each group's scale is applied once.
+    """
+    if FMT == 3:
+        w8 = k0 // 8 + tl.arange(0, BK // 8)
+        g = k0 // 16 + tl.arange(0, BK // 16)
+        words = (w_base + rows * stride_wn).to(tl.pointer_type(tl.uint32))  # K/2 bytes per row, K % 16 == 0
+        if EVEN_K:
+            p = tl.load(words[:, None] + w8[None, :], mask=rmask[:, None], other=0)  # [R, BK/8]
+            s = tl.load(s_base + rows[:, None] * stride_sn + g[None, :] * stride_sk, mask=rmask[:, None], other=0.0)
+        else:
+            p = tl.load(words[:, None] + w8[None, :], mask=rmask[:, None] & (w8 * 8 < K)[None, :], other=0)
+            s = tl.load(s_base + rows[:, None] * stride_sn + g[None, :] * stride_sk,
+                        mask=rmask[:, None] & (g * 16 < K)[None, :], other=0.0)
+        x = tl.reshape(a, (BK // 8, 2, 2, 2))  # [w, h, b, c]: element 8w + 4h + 2b + c
+        x_c0, x_c1 = tl.split(x)
+        x_00, x_10 = tl.split(x_c0)
+        x_01, x_11 = tl.split(x_c1)
+        x0, x4 = tl.split(x_00)
+        x2, x6 = tl.split(x_10)
+        x1, x5 = tl.split(x_01)
+        x3, x7 = tl.split(x_11)
+        v0, v4 = _bf16x2(((p << 6) & 0x01C001C0) | ((p << 12) & 0x80008000))
+        v1, v5 = _bf16x2(((p << 2) & 0x01C001C0) | ((p << 8) & 0x80008000))
+        v2, v6 = _bf16x2(((p >> 2) & 0x01C001C0) | ((p << 4) & 0x80008000))
+        v3, v7 = _bf16x2(((p >> 6) & 0x01C001C0) | (p & 0x80008000))
+        part = v0 * x0[None, :]
+        part = tl.fma(v1, x1[None, :], part)
+        part = tl.fma(v2, x2[None, :], part)
+        part = tl.fma(v3, x3[None, :], part)
+        part = tl.fma(v4, x4[None, :], part)
+        part = tl.fma(v5, x5[None, :], part)
+        part = tl.fma(v6, x6[None, :], part)
+        part = tl.fma(v7, x7[None, :], part)
+        part = tl.sum(tl.reshape(part, (part.shape[0], BK // 16, 2)), 2)  # [R, BK/16]
+        acc = tl.fma(part, s.to(tl.float32), acc)
+    else:
+        offs_k = k0 + tl.arange(0, BK)
+        ptrs = w_base + rows[:, None] * stride_wn + offs_k[None, :] * stride_wk
+        if EVEN_K:
+            b = tl.load(ptrs, mask=rmask[:, None], other=0.0).to(tl.float32)
+        else:
+            b = tl.load(ptrs, mask=rmask[:, None] & (offs_k < K)[None, :], other=0.0).to(tl.float32)
+        if TILE_SCALE:
+            b *= tl.load(s_base + (rows // BSN) * stride_sn + (k0 // BSK) * stride_sk, mask=rmask, other=0.0)[:, None]
+        acc = tl.fma(b, a[None, :], acc)
+    return acc
+
+
+@triton.jit(do_not_specialize=["num_pairs"])
+def moe_gemv_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, ids_ptr,
+                       num_pairs, I, H, TOPK, stride_xm, stride_om,
+                       stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+                       FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr,
+                       BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STAGES: tl.constexpr):
+    """out[p, n] = silu(x[p // TOPK] . gate_e[n]) * (x[p // TOPK] . up_e[n]), e = ids[p]; out [T*K, I].
+
+    The tile stacks BLOCK_N gate rows over the BLOCK_N matching up rows (rows n and I + n of w13),
+    so one load stream and one accumulator serve both, and the small per-row loads (nvfp4's group
+    scales) are wide enough for the pipeliner's async copies.
+    """
+    pid = tl.program_id(0)
+    pair = pid % num_pairs
+    pid_n = pid // num_pairs
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    a_ptr = x_ptr + (pair // TOPK).to(tl.int64) * stride_xm
+    r = tl.arange(0, 2 * BLOCK_N)
+    offs_n = pid_n * BLOCK_N + r % BLOCK_N
+    rows = offs_n + (r // BLOCK_N) * I  # gate rows, then up rows
+    nmask = offs_n < I
+    w_base = w_ptr + e * stride_we
+    s_base = s_ptr + e * stride_se
+    if FMT == 3:
+        acc = tl.zeros((2 * BLOCK_N, BLOCK_K // 16), dtype=tl.float32)
+    else:
+        acc = tl.zeros((2 * BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for k0 in tl.range(0, H, BLOCK_K, num_stages=STAGES):
+        a = _act(a_ptr, k0, H, FMT, BLOCK_K, EVEN_K)
+        acc = _row_products(acc, a, w_base, s_base, rows, nmask, k0, H, stride_wn, stride_wk,
+                            stride_sn, stride_sk, FMT, FMT == 2, BSN, BSK, BLOCK_K, EVEN_K)
+    gu = tl.sum(acc, 1)
+    if FMT == 1:  # the expert is fixed per program: per-channel scales once, after the reduction
+        gu *= tl.load(s_base + rows * stride_sn, mask=nmask, other=0.0)
+    if FMT == 3:
+        gu *= tl.load(g_ptr + e * 2 + r // BLOCK_N) * _NVFP4_UNSCALE  # global scales of gate and up
+    gate, up = tl.split(tl.permute(tl.reshape(gu, (2, BLOCK_N)), (1, 0)))
+    h = gate * tl.sigmoid(gate) * up
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + pair.to(tl.int64) * stride_om + offs_n, h.to(out_ptr.dtype.element_ty), mask=offs_n < I)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def moe_gemv_down_kernel(a_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr, ids_ptr,
+                         num_tokens, H, I, TOPK, stride_am, stride_om,
+                         stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
+                         FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STAGES: tl.constexpr):
+    """out[t, n] = sum_k tw[t, k] * (act[t*TOPK+k] . down_e[n]), e = ids[t, k]; act [T*K, I], out [T, H].
+
+    One flat loop over (slot, K-block) keeps the weight stream pipelined across the slots; the
+    router weight (and nvfp4's global scale) multiplies the activation slice and a per-channel
+    scale the tile, so all slots share one accumulator.
+    """
+    pid = tl.program_id(0)
+    t = pid % num_tokens
+    pid_n = pid // num_tokens
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < H
+    if FMT == 3:
+        acc = tl.zeros((BLOCK_N, BLOCK_K // 16), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    num_k = tl.cdiv(I, BLOCK_K)
+    for it in tl.range(0, TOPK * num_k, num_stages=STAGES):
+        slot = it // num_k
+        k0 = (it - slot * num_k) * BLOCK_K
+        pair = t * TOPK + slot
+        e = tl.load(ids_ptr + pair).to(tl.int64)
+        c = tl.load(tw_ptr + pair)
+        if FMT == 3:
+            c *= tl.load(g_ptr + e)
+        a = _act(a_ptr + pair.to(tl.int64) * stride_am, k0, I, FMT, BLOCK_K, EVEN_K) * c
+        acc = _row_products(acc, a, w_ptr + e * stride_we,
+                            s_ptr + e * stride_se, offs_n, nmask, k0, I, stride_wn, stride_wk,
+                            stride_sn, stride_sk, FMT, (FMT == 1) | (FMT == 2), BSN, BSK, BLOCK_K, EVEN_K)
+    out = tl.sum(acc, 1)
+    if FMT == 3:
+        out *= _NVFP4_UNSCALE
+    tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n, out.to(out_ptr.dtype.element_ty), mask=nmask)
