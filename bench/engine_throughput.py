@@ -108,10 +108,36 @@ async def run_level(url: str, texts: list[str], max_tokens: int, concurrency: in
             after = await r.json()
     steps = after["steps"] - before["steps"]
     gen = after["generated_tokens"] - before["generated_tokens"]
-    return {"concurrency": concurrency, "requests": len(texts), "output_tokens": tokens, "seconds": round(dt, 3),
+    dsteps = after["decode_steps"] - before["decode_steps"]
+    decode = {"decode_steps": dsteps, "graph_steps": after["graph_steps"] - before["graph_steps"],
+              "mean_decode_batch": round((after["decode_tokens"] - before["decode_tokens"]) / max(dsteps, 1), 2),
+              "ms_per_decode_step": round(1000 * (after["decode_busy_s"] - before["decode_busy_s"]) / max(dsteps, 1),
+                                          3)}
+    return {**decode, "model_config": after.get("model_config"), "expert_format": after["resolved"]["weight_format"],
+            "concurrency": concurrency, "requests": len(texts), "output_tokens": tokens, "seconds": round(dt, 3),
             "tokens_per_s": round(tokens / dt, 1), "mean_batch": round(gen / max(steps, 1), 2),
             "engine_busy": round((after["busy_s"] - before["busy_s"]) / dt, 2),
             "ms_per_step": round(1000 * (after["busy_s"] - before["busy_s"]) / max(steps, 1), 2), "outputs": outs}
+
+
+def calibrate() -> dict:
+    """Copy bandwidth and bf16 matmul rate of this GPU, measured now (moelab's kernel-bench calibration)."""
+    p = subprocess.run([sys.executable, "-m", "moelab.moe.bench", json.dumps({"mode": "calibrate"})],
+                       capture_output=True, text=True, check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def decode_roofline(row: dict, cal: dict, context: float) -> dict:
+    """The decode-step roofline at the level's mean decode batch against its measured decode step."""
+    from moelab.moe.roofline import decode_step_cost
+
+    B = row["mean_decode_batch"]
+    bytes_, flops = decode_step_cost(row["model_config"], row["expert_format"], round(B), context)
+    roof_ms = 1e3 * max(bytes_ / cal["copy_bw_bytes_s"], flops / cal["bf16_flops_s"])
+    return {"batch": B, "roofline_ms": round(roof_ms, 3), "measured_ms": row["ms_per_decode_step"],
+            "fraction_of_roofline": round(roof_ms / row["ms_per_decode_step"], 3),
+            "roofline_tokens_per_s": round(B / roof_ms * 1e3, 1),
+            "decode_tokens_per_s": round(B / row["ms_per_decode_step"] * 1e3, 1), "bytes": bytes_}
 
 
 def hf_generate(model_dir: Path, texts: list[str], max_tokens: int, batch: int, device: str) -> dict:
@@ -197,6 +223,10 @@ def run(work: Path) -> None:
         serve_args = ["--model-path", str(ckpt), *serve_args]
     else:
         serve_args = ["--preset", a.preset, *serve_args]
+    cal = calibrate() if a.device == "cuda" else None  # before the server holds the GPU
+    if cal:
+        print(f"calibration on {cal['device']}: copy {cal['copy_bw_bytes_s'] / 1e12:.2f} TB/s, "
+              f"bf16 matmul {cal['bf16_flops_s'] / 1e12:.0f} TFLOP/s", flush=True)
     t0 = time.perf_counter()
     srv = Server(serve_args, work / "server.log", a.timeout)
     startup = time.perf_counter() - t0
@@ -213,14 +243,26 @@ def run(work: Path) -> None:
     print(f"moelab serve --preset {a.preset} --device {a.device} --moe-runner-backend {a.backend} "
           f"--quantization {a.quantization}: {a.requests} requests x {a.max_tokens} tokens, prompt {a.prompt_len} "
           f"tokens (startup {startup:.1f}s)")
-    print(f"{'concurrency':>14} {'tok/s':>9} {'ratio':>6} {'mean batch':>10} {'greedy = 1-at-a-time':>21}")
+    print(f"{'concurrency':>14} {'tok/s':>9} {'ratio':>6} {'mean batch':>10} {'greedy = 1-at-a-time':>21} "
+          f"{'ms/decode step':>14} {'graph steps':>11}")
     for r in rows:
         print(f"{r['concurrency']!s:>14} {r['tokens_per_s']:>9.1f} {r['ratio_vs_one_at_a_time']:>5.2f}x "
-              f"{r['mean_batch']:>10.2f} {r['same_text_as_one_at_a_time']:>13}/{r['requests']}")
+              f"{r['mean_batch']:>10.2f} {r['same_text_as_one_at_a_time']:>13}/{r['requests']} "
+              f"{r['ms_per_decode_step']:>14.3f} {r['graph_steps']:>6}/{r['decode_steps']}")
+    if cal:
+        context = a.prompt_len + a.max_tokens / 2  # mean keys per decode token
+        print(f"decode-step roofline (weights + experts touched + KV at {context:.0f} keys, at the measured "
+              f"{cal['copy_bw_bytes_s'] / 1e12:.2f} TB/s):")
+        for r in rows[1:]:
+            r["decode_roofline"] = d = decode_roofline(r, cal, context)
+            print(f"  concurrency {r['concurrency']:>3}: mean decode batch {d['batch']:.1f}, step {d['measured_ms']:.3f} ms "
+                  f"vs roofline {d['roofline_ms']:.3f} ms = {100 * d['fraction_of_roofline']:.0f}% of roofline; "
+                  f"decode {d['decode_tokens_per_s']:.0f} tok/s vs roofline {d['roofline_tokens_per_s']:.0f} tok/s")
     result = {"preset": a.preset, "device": a.device, "backend": a.backend, "quantization": a.quantization,
               "requests": a.requests, "max_tokens": a.max_tokens, "prompt_len": a.prompt_len,
               "startup_s": round(startup, 1),
-              "levels": [{k: v for k, v in r.items() if k != "outputs"} for r in rows]}
+              "levels": [{k: v for k, v in r.items() if k not in ("outputs", "model_config")} for r in rows],
+              "calibration": cal}
     if hf:
         h = hf_generate(work / "ckpt", texts, a.max_tokens, a.hf_batch, a.device)
         ours = next((r for r in rows if r["concurrency"] == a.hf_batch), rows[-1])

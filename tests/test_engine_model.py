@@ -141,6 +141,12 @@ def test_max_running_requests_caps_the_batch():
         sch.add(Sequence(str(i), [1, 2], SamplingParams(max_tokens=4)))
     prefill, _ = sch.schedule()
     assert len(prefill) == 2 and len(sch.waiting) == 3
+    # each running sequence holds its own slot-table lane; a finished one hands it to the next
+    assert sorted(s.lane for s in prefill) == [0, 1]
+    sch.finish(prefill[0], "length")
+    assert prefill[0].lane == -1
+    nxt, running = sch.schedule()
+    assert len(nxt) == 1 and {s.lane for s in sch.running} == {0, 1}
 
 
 def test_stop_strings_are_cut_and_never_leak_in_pieces():
@@ -214,3 +220,124 @@ def test_hf_transformers_loads_our_checkpoint_and_agrees(engine, tmp_path):
     assert lp.argmax(-1).tolist() == seq.output_ids
     ours = torch.tensor([e[1] for e in seq.extra["logprobs"]], dtype=torch.float64)
     assert torch.allclose(lp.gather(1, torch.tensor(seq.output_ids)[:, None]).squeeze(1), ours, atol=1e-4)
+
+
+_KERNEL_ATTENTION = r"""
+import json, sys
+import torch
+from moelab.engine.build import build_engine
+from moelab.engine.config import ServerConfig
+from moelab.engine.scheduler import SamplingParams, Sequence
+eng, _ = build_engine(ServerConfig(preset="tiny", device="cpu", backends=("reference", "grouped")))
+assert eng.model.kernels and eng.slot_table is not None, "the Triton kernels should be on under the interpreter"
+seqs = [Sequence(f"s{i}", p, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0))
+        for i, p in enumerate([[5, 70, 71, 72], [9] * 11, [100, 101]])]
+eng.submit(seqs[0]); eng.submit(seqs[1]); eng.step(); eng.submit(seqs[2])
+while eng.step():
+    pass
+print(json.dumps([[(t, lp) for t, lp, _, _ in s.extra["logprobs"]] for s in seqs]))
+"""
+
+
+@pytest.mark.slow
+def test_slot_table_decode_attention_kernel_matches_the_gathered_path(engine):
+    """The Triton path of the model (decode attention through lanes + slot table, fused norms, rotary,
+    cache writes and router: what CUDA runs and graphs capture), run by Triton's CPU interpreter in a
+    child process, gives the same tokens and logprobs as the plain PyTorch path for mixed prefill +
+    decode steps."""
+    pytest.importorskip("triton")
+    import os
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _KERNEL_ATTENTION], capture_output=True, text=True, timeout=180,
+                       env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    kernel = json.loads(p.stdout)
+    assert engine.slot_table is None  # this process gathers keys for PyTorch's attention
+    prompts = [[5, 70, 71, 72], [9] * 11, [100, 101]]
+    seqs = [Sequence(f"g{i}", pr, SamplingParams(max_tokens=6, temperature=0, ignore_eos=True, logprobs=0))
+            for i, pr in enumerate(prompts)]
+    engine.submit(seqs[0])
+    engine.submit(seqs[1])
+    engine.step()
+    engine.submit(seqs[2])
+    while engine.step():
+        pass
+    for s, k in zip(seqs, kernel):
+        assert [t for t, _ in k] == s.output_ids
+        assert [lp for _, lp in k] == pytest.approx([e[1] for e in s.extra["logprobs"]], abs=1e-4)
+
+
+_FUSED_OPS = r"""
+import json, sys
+import torch
+from moelab.engine.fused import add_rms_norm, qk_norm_rope, router_topk
+from moelab.engine.model import apply_rope, rms_norm
+dev = torch.device(sys.argv[1])
+torch.manual_seed(0)
+res = {}
+for dt in (torch.float32, torch.bfloat16):
+    T, H, nh, kvh, D, E, K = 5, 96, 4, 2, 16, 12, 3
+    x, r, w = (torch.randn(*s).to(dt).to(dev) for s in ((T, H), (T, H), (H,)))
+    want_res = r + x
+    out, r2 = add_rms_norm(x, r.clone(), w, 1e-6)
+    res[f"add_rms_norm {dt}"] = [float((out.float() - rms_norm(want_res, w, 1e-6).float()).abs().max()),
+                                 float((r2.float() - want_res.float()).abs().max())]
+    qkv = torch.randn(T, (nh + 2 * kvh) * D).to(dt).to(dev)
+    qw, kw = torch.randn(D).to(dt).to(dev), torch.randn(D).to(dt).to(dev)
+    ang = torch.rand(64, D // 2) * 3
+    cos, sin = torch.cat([ang, ang], -1).cos().to(dev), torch.cat([ang, ang], -1).sin().to(dev)
+    pos, slots = torch.tensor([3, 0, 7, 63, 5], device=dev), torch.tensor([9, 2, 4, 0, 11], device=dev)
+    kc, vc = torch.zeros(12, kvh, D, dtype=dt, device=dev), torch.zeros(12, kvh, D, dtype=dt, device=dev)
+    q, k, v = (t.view(T, -1, D) for t in qkv.split([nh * D, kvh * D, kvh * D], 1))
+    wq = apply_rope(rms_norm(q, qw, 1e-6), cos[pos], sin[pos])
+    wk = apply_rope(rms_norm(k, kw, 1e-6), cos[pos], sin[pos])
+    wv = v.clone()
+    qk_norm_rope(qkv, nh, kvh, D, qw, kw, cos, sin, pos, slots, kc, vc, 1e-6)
+    res[f"qk_norm_rope {dt}"] = [float((q.float() - wq.float()).abs().max()), float((k.float() - wk.float()).abs().max()),
+                                 float((kc[slots].float() - wk.float()).abs().max()), float((vc[slots].float() - wv.float()).abs().max())]
+    logits = torch.randn(T, E).to(dt).to(dev)
+    tw, ti = router_topk(logits, K, True)
+    pw, pi = torch.topk(torch.softmax(logits.float(), -1), K, -1)
+    res[f"router_topk {dt}"] = [float((tw - pw / pw.sum(-1, keepdim=True)).abs().max()), float((ti != pi).sum())]
+print(json.dumps(res))
+"""
+
+
+def _check_fused_ops(device: str, interpret: bool) -> None:
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "1"} if interpret else {k: v for k, v in os.environ.items()
+                                                                     if k != "TRITON_INTERPRET"}
+    p = subprocess.run([sys.executable, "-c", _FUSED_OPS, device], capture_output=True, text=True, timeout=180, env=env)
+    assert p.returncode == 0, p.stderr[-3000:]
+    # bf16 values here are below 16 in magnitude: one bf16 ulp is at most 2**-7 * 8. The interpreter
+    # rounds float32 -> bf16 toward zero (a GPU rounds to nearest even), so there the residual sum
+    # may differ by one ulp as well.
+    ulp = 2 ** -7 * 8
+    for name, errs in json.loads(p.stdout).items():
+        print(name, errs)
+        tol = 1e-5 if "float32" in name else ulp
+        if name.startswith("router"):
+            assert errs[0] < 1e-6 and errs[1] == 0, (name, errs)
+        elif name.startswith("add_rms_norm"):
+            assert errs[0] <= tol and errs[1] <= (ulp if interpret and "bfloat16" in name else 0), (name, errs)
+        else:
+            assert max(errs[:3]) <= tol and errs[3] == 0, (name, errs)
+
+
+@pytest.mark.slow
+def test_fused_triton_ops_match_the_pytorch_ops_they_replace():
+    """Each fused kernel (Triton's CPU interpreter) against the PyTorch code it replaces, in float32
+    and bfloat16: within one bfloat16 rounding."""
+    pytest.importorskip("triton")
+    _check_fused_ops("cpu", interpret=True)
+
+
+@pytest.mark.gpu
+def test_fused_triton_ops_match_on_cuda():
+    """The same on a GPU, where the residual sum must be exact (round to nearest even, like PyTorch)."""
+    _check_fused_ops("cuda", interpret=False)

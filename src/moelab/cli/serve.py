@@ -34,6 +34,8 @@ def serve(
     max_running_requests: int = typer.Option(64, "--max-running-requests", help="Sequences decoded together at most."),
     max_total_tokens: Optional[int] = typer.Option(None, "--max-total-tokens", help="KV cache capacity in tokens (default: max-running-requests x context)."),
     max_queued_requests: int = typer.Option(256, "--max-queued-requests", help="Waiting requests beyond which new ones get 503."),
+    disable_cuda_graph: bool = typer.Option(False, "--disable-cuda-graph", help="Run decode steps eagerly instead of replaying CUDA graphs (CUDA only)."),
+    cuda_graph_max_bs: Optional[int] = typer.Option(None, "--cuda-graph-max-bs", help="Largest decode batch captured in a CUDA graph (default: --max-running-requests)."),
     seed: int = typer.Option(0, "--seed", help="Seed of the preset weights and of requests without their own seed."),
     save: Optional[str] = typer.Option(None, "--save", help="Write the model as a Hugging Face style directory here and exit (no serving)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout (startup summary when ready, or what --save wrote)."),
@@ -46,6 +48,7 @@ def serve(
                            port=port, moe_runner_backend=moe_runner_backend, quantization=quantization, dtype=dtype,
                            device=device, max_running_requests=max_running_requests, max_total_tokens=max_total_tokens,
                            max_queued_requests=max_queued_requests, seed=seed, save=save,
+                           disable_cuda_graph=disable_cuda_graph, cuda_graph_max_bs=cuda_graph_max_bs,
                            backends=tuple(RUNNERS.names()))
     except ConfigError as e:
         raise _die(str(e), 2) from None

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from moelab.engine.checkpoint import load_checkpoint, random_weights, read_config, save_checkpoint
+from moelab.engine.graphs import default_sizes
 from moelab.engine.config import PRESETS, ModelConfig, Resolved, ServerConfig, resolve
 from moelab.engine.model import Qwen3Moe
 from moelab.engine.runtime import Engine, phase
@@ -109,8 +110,35 @@ def build_engine(cfg: ServerConfig) -> tuple[Engine, dict[str, Any]]:
     engine = Engine(model, tok, Scheduler(cfg.max_running_requests, capacity, cfg.max_queued_requests), cfg.seed)
     phase("warmup", f"kv_cache_tokens={capacity} max_running_requests={cfg.max_running_requests}")
     warm(engine)
+    if model.device.type == "cuda":
+        t1 = time.monotonic()
+        # the largest step: a full prefill budget, or one prompt as long as the context
+        counts = model.warm_moe(max(engine.sched.max_prefill_tokens, mc.max_position_embeddings))
+        phase("warmup", f"MoE runner at {len(counts)} token counts ({','.join(map(str, counts))}) "
+              f"in {time.monotonic() - t1:.1f}s")
+    info["cuda_graph_batch_sizes"] = capture_graphs(cfg, engine)
     info.update(kv_cache_tokens=capacity, startup_s=round(time.monotonic() - t0, 2))
     return engine, info
+
+
+def capture_graphs(cfg: ServerConfig, engine: Engine) -> list[int]:
+    """Capture the decode step in CUDA graphs where every kernel allows it; the sizes captured."""
+    model = engine.model
+    if model.device.type != "cuda":
+        return []
+    why = ("--disable-cuda-graph" if cfg.disable_cuda_graph
+           else "the Triton decode attention cannot run (no triton, or a head size it does not take)"
+           if not model.kernels
+           else f"the {model.runner.name} MoE runner synchronises with the host (use --moe-runner-backend triton)"
+           if not model.runner.graph_safe else None)
+    if why:
+        phase("cuda_graph", f"off: {why}")
+        return []
+    sizes = default_sizes(min(cfg.cuda_graph_max_bs or cfg.max_running_requests, cfg.max_running_requests))
+    t0 = time.monotonic()
+    engine.capture_graphs(sizes)
+    phase("cuda_graph", f"captured decode batch sizes {','.join(map(str, sizes))} in {time.monotonic() - t0:.1f}s")
+    return sizes
 
 
 def warm(engine: Engine) -> None:

@@ -82,14 +82,20 @@ def random_weights(cfg: ModelConfig, seed: int, dtype: torch.dtype, device: torc
     return dense, experts
 
 
+def _own(t: torch.Tensor) -> torch.Tensor:
+    """A CPU tensor with storage of its own: safetensors refuses slices of a shared buffer (the
+    model's q/k/v weights are views of one fused qkv tensor)."""
+    t = t.detach().contiguous().cpu()
+    return t.clone() if t.untyped_storage().nbytes() != t.nbytes else t
+
+
 def save_checkpoint(out: Path, cfg: ModelConfig, dense: Mapping[str, torch.Tensor], experts: list[ExpertWeights],
                     shard_bytes: int = 4 << 30) -> list[Path]:
     """Write config.json, tokenizer.json and safetensors shards; returns the shard paths."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
-    tensors = {k: v.detach().contiguous().cpu() for k, v in dense.items()
-               if not (k == "lm_head.weight" and cfg.tie_word_embeddings)}
+    tensors = {k: _own(v) for k, v in dense.items() if not (k == "lm_head.weight" and cfg.tie_word_embeddings)}
     for i, w in enumerate(experts):
         tensors |= experts_to_checkpoint(w, f"model.layers.{i}.mlp.experts")
     shards: list[dict[str, torch.Tensor]] = [{}]

@@ -134,6 +134,8 @@ class ServerConfig:
     max_queued_requests: int = 256
     seed: int = 0
     save: str | None = None
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int | None = None  # largest decode batch replayed from a graph; default max_running
     backends: tuple[str, ...] = field(default=("reference", "grouped"), compare=False)
 
     def __post_init__(self) -> None:
@@ -156,6 +158,8 @@ class ServerConfig:
                             ("--max-queued-requests", self.max_queued_requests)):
             if value < 1:
                 raise ConfigError(flag, f"must be at least 1, got {value}")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs < 1:
+            raise ConfigError("--cuda-graph-max-bs", f"must be at least 1, got {self.cuda_graph_max_bs}")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
             raise ConfigError("--max-total-tokens", f"must be at least 16, got {self.max_total_tokens}")
 

@@ -42,12 +42,20 @@ class Engine:
         self.model, self.tok, self.sched = model, tokenizer, scheduler
         self.eos = model.cfg.eos_ids
         self.context_len = model.cfg.max_position_embeddings
-        self.kv = model.new_kv_cache(scheduler.capacity)
+        # one slot past the pool: the scratch slot that padding rows of a CUDA graph write to
+        self.scratch_slot = scheduler.capacity
+        self.kv = model.new_kv_cache(scheduler.capacity + 1)
+        self.slot_table: torch.Tensor | None = None  # [lanes + 1, width] on CUDA: each lane's cache slots
+        if model.kernels:
+            width = min(self.context_len, scheduler.capacity)
+            self.slot_table = torch.full((scheduler.max_running + 1, width), self.scratch_slot, dtype=torch.int32,
+                                         device=model.device)  # the last lane is the padding rows'
+        self.graphs = None  # DecodeGraphs once captured
         self.deliver: Callable[[list[tuple[Sequence, Event]]], None] = lambda evs: None
         self._rng = random.Random(seed)  # seeds the generator of every request that brings no seed
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.stats = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "generated_tokens": 0, "max_batch": 0,
+        self.stats = {"steps": 0, "graph_steps": 0, "decode_steps": 0, "decode_busy_s": 0.0, "prefill_tokens": 0, "decode_tokens": 0, "generated_tokens": 0, "max_batch": 0,
                       "busy_s": 0.0, "finished": 0, "nonfinite_steps": 0, "error": None}
         self.batch_hist: Counter[int] = Counter()  # running sequences per step -> steps
 
@@ -65,8 +73,17 @@ class Engine:
         seqs = prefill + decode
         if not seqs:
             return 0
-        batch = build_step(prefill, decode, self.model.device)
-        logits = self.model.forward(batch, self.kv)  # [B, V]
+        if self.slot_table is not None:
+            for seq in prefill:  # a new lane's row: the slots of every position it will have
+                n = min(len(seq.slots), self.slot_table.shape[1])
+                self.slot_table[seq.lane, :n] = torch.tensor(seq.slots[:n], dtype=torch.int32).to(
+                    self.model.device, non_blocking=True)
+        if self.graphs is not None and not prefill and len(decode) <= self.graphs.max_batch:
+            logits = self.graphs.run(decode)
+            self.stats["graph_steps"] += 1
+        else:
+            batch = build_step(prefill, decode, self.model.device, self.slot_table)
+            logits = self.model.forward(batch, self.kv)  # [B, V]
         if not torch.isfinite(logits).all():
             self.stats["nonfinite_steps"] += 1
             if self.stats["nonfinite_steps"] == 1:
@@ -89,7 +106,11 @@ class Engine:
         self.batch_hist[len(seqs)] += 1
         if events:
             self.deliver(events)
-        st["busy_s"] += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        st["busy_s"] += dt
+        if not prefill:  # pure decode steps: what the decode roofline is compared with
+            st["decode_steps"] += 1
+            st["decode_busy_s"] += dt
         return len(seqs)
 
     def _advance(self, seq: Sequence, ch) -> Event | None:
@@ -114,6 +135,14 @@ class Engine:
         if reason is None and not seq.extra["stream"]:
             return None  # a non-streaming request only needs its final event
         return Event(seq.extra.get("index", 0), text, [entry], reason)
+
+    def capture_graphs(self, sizes: list[int]) -> None:
+        """Capture the decode step for these batch sizes (CUDA, Triton attention, a graph-safe MoE runner)."""
+        from moelab.engine.graphs import DecodeGraphs
+
+        assert self.slot_table is not None, "CUDA graphs need the Triton decode attention"
+        self.graphs = DecodeGraphs(self.model, self.kv, self.slot_table, self.scratch_slot,
+                                   self.slot_table.shape[0] - 1, sizes)
 
     def abort(self, seq: Sequence) -> None:
         self.sched.abort(seq)

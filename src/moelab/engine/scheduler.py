@@ -8,7 +8,8 @@ finished ones leave at once.
 KV capacity is a pool of `max_total_tokens` token slots. A sequence reserves prompt + max_tokens
 slots when it is admitted, so a running sequence can never run out of cache mid-generation and
 nothing has to be preempted; a request that does not fit yet waits in FIFO order, and one that
-arrives with the queue full is refused (`Overloaded`).
+arrives with the queue full is refused (`Overloaded`). A running sequence also holds one of
+`max_running` lanes: the row of the GPU slot table that lists its slots for the attention kernel.
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ class Sequence:
     sink: Any = None
     output_ids: list[int] = field(default_factory=list)
     slots: list[int] = field(default_factory=list)  # KV slot of position p is slots[p]
+    lane: int = -1  # row of the engine's slot table while running (0 .. max_running-1)
     prefilled: bool = False
     finish_reason: str | None = None
     aborted: bool = False
@@ -67,6 +69,7 @@ class Scheduler:
         self.max_running, self.max_queued, self.max_prefill_tokens = max_running, max_queued, max_prefill_tokens
         self.capacity = max_total_tokens
         self.free: list[int] = list(range(max_total_tokens - 1, -1, -1))  # pop() hands out low slots first
+        self.free_lanes: list[int] = list(range(max_running - 1, -1, -1))
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.aborted = 0  # sequences dropped because their client went away
@@ -116,6 +119,7 @@ class Scheduler:
                     self.aborted += 1
                     continue
                 seq.slots = [self.free.pop() for _ in range(seq.need)]
+                seq.lane = self.free_lanes.pop()
                 budget -= len(seq.prompt_ids)
                 self.running.append(seq)
                 prefill.append(seq)
@@ -130,7 +134,8 @@ class Scheduler:
         if seq in self.running:
             self.running.remove(seq)
             self.free.extend(reversed(seq.slots))
-            seq.slots = []
+            self.free_lanes.append(seq.lane)
+            seq.slots, seq.lane = [], -1
 
     def stats(self) -> dict[str, int]:
         with self.cv:

@@ -51,3 +51,21 @@ def roofline_us(bytes_: float, flops: float, bw_bytes_s: float | None, flops_s: 
     if not bw_bytes_s or not flops_s:
         return None
     return max(bytes_ / bw_bytes_s, flops / flops_s) * 1e6
+
+
+def decode_step_cost(mc: dict, fmt: str, batch: int, context: float, act_bytes: int = 2) -> tuple[float, float]:
+    """(bytes, flops) of one decode step of a Qwen3-MoE model (`mc`: its config.json fields):
+    `batch` sequences, one token each, attending to `context` cached keys on average.
+
+    Bytes: per layer the attention and router weights, the experts the batch touches (expected
+    under uniform routing) and the K/V read; then the lm_head. Embedding rows, norms and
+    activations are under 0.1 % at these sizes and are left out.
+    """
+    H, L, V = mc["hidden_size"], mc["num_hidden_layers"], mc["vocab_size"]
+    nh, kvh, D = mc["num_attention_heads"], mc["num_key_value_heads"], mc["head_dim"]
+    E, K, I = mc["num_experts"], mc["num_experts_per_tok"], mc["moe_intermediate_size"]
+    attn = H * D * (2 * nh + 2 * kvh)  # q, o: nh*D x H; k, v: kvh*D x H
+    kv = batch * context * 2 * kvh * D * act_bytes
+    layer = (attn + E * H) * act_bytes + expected_active(E, K, batch) * weight_bytes_per_expert(H, I, fmt) + kv
+    flops = 2 * batch * (L * (attn + E * H + K * 3 * H * I + 2 * nh * D * context) + V * H)
+    return L * layer + V * H * act_bytes, flops
