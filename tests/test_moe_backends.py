@@ -208,6 +208,25 @@ def test_get_config_honours_a_tuned_file_mixing_both_paths(tmp_path, monkeypatch
         tc.load_tuned.cache_clear()
 
 
+def test_save_tuned_into_a_directory_keeps_what_that_directory_holds(tmp_path, monkeypatch):
+    """Saving token counts one at a time into an explicit directory accumulates them there (it once
+    merged with the packaged file instead, so each save dropped the previous one)."""
+    from moelab.moe import triton_configs as tc
+
+    E, K, H, I = 8, 2, 64, 32
+    monkeypatch.setenv("MOELAB_MOE_CONFIG_DIR", str(tmp_path / "in-use"))
+    tc.load_tuned.cache_clear()
+    try:
+        tc.save_tuned(E, I, "bf16", tc.device_name(), {1: tc.gemv_config()})  # the file in use
+        out = tmp_path / "new"
+        for T in (64, 256):
+            tc.save_tuned(E, I, "bf16", tc.device_name(), {T: tc.tiled_config(T, E, K, H, I, "bf16")}, out)
+        saved = json.loads((out / tc.config_file_name(E, I, "bf16", tc.device_name())).read_text())
+        assert sorted(saved, key=int) == ["1", "64", "256"]  # seeded from the file in use, then accumulated
+    finally:
+        tc.load_tuned.cache_clear()
+
+
 def test_speed_next_to_correctness_over_token_counts():
     """grouped vs reference on CPU: correctness and wall-clock per token count (printed)."""
     E, K, H, I = 16, 4, 256, 128

@@ -92,7 +92,11 @@ def save_tuned(E: int, I: int, fmt: str, device: str, configs: dict[int, dict[st
     d = directory or config_dirs()[0]
     d.mkdir(parents=True, exist_ok=True)
     p = d / config_file_name(E, I, fmt, device)
-    merged = {**(load_tuned(E, I, fmt, device) or {}), **configs}  # tuning some M keeps the others
+    # tuning some M keeps the others: those of the file being written, or else of the file in use
+    # (the first one load_tuned finds, maybe in another directory)
+    kept = ({int(m): c for m, c in json.loads(p.read_text()).items() if m.isdigit()} if p.is_file()
+            else load_tuned(E, I, fmt, device) or {})
+    merged = {**kept, **configs}
     p.write_text(json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=1) + "\n")
     load_tuned.cache_clear()
     return p
