@@ -15,43 +15,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Server:
-    def __init__(self, args: list[str], log: Path, env: dict, timeout: float = 600) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.proc = subprocess.Popen([sys.executable, "-m", "moelab.cli", "serve", *args, "--port", str(self.port)],
-                                     stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True, env=env)
-        deadline = time.monotonic() + timeout
-        while "phase=ready" not in log.read_text():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                self.stop()
-                sys.exit(f"moelab serve {' '.join(args)} did not become ready; log:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
-        self.log = log
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+from engine_throughput import Server  # `moelab serve` in its own session, ready on phase=ready (same folder)
 
 
 def probe(url: str, fmt: str, env: dict, record: Path | None = None, against: Path | None = None) -> dict:
@@ -81,13 +51,14 @@ def main() -> None:
     for fmt in a.formats.split(","):
         q = {"bf16": "none"}.get(fmt, fmt)
         t0 = time.perf_counter()
-        ref = Server([*common, "--moe-runner-backend", "reference", "--quantization", q], work / f"ref-{fmt}.log", env)
+        ref = Server([*common, "--moe-runner-backend", "reference", "--quantization", q], work / f"ref-{fmt}.log",
+                     600, env)
         try:
             rec = probe(ref.url, fmt, env, record=work / f"ref-{fmt}.json")
         finally:
             ref.stop()
         tri = Server([*common, "--moe-runner-backend", "triton", "--quantization", q], work / f"triton-{fmt}.log",
-                     tri_env)
+                     600, tri_env)
         try:
             graphs = [ln.split("phase=cuda_graph ", 1)[1] for ln in tri.log.read_text().splitlines()
                       if "phase=cuda_graph " in ln]
@@ -106,6 +77,7 @@ def main() -> None:
               + f"; cuda graph: {row['cuda_graph']}", flush=True)
         for e in same["evidence"]:
             print(f"        {e}")
+    print(f"server logs and recorded answers: {work}")
     print(json.dumps({"preset": a.preset, "device": a.device, "rows": rows}))
     sys.exit(0 if all(r["triton_vs_reference_same_format"]["cause"] == "ok" for r in rows) else 1)
 

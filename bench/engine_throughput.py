@@ -55,13 +55,13 @@ def free_port() -> int:
 class Server:
     """`moelab serve` in its own session; stopped with SIGTERM (then SIGKILL) on exit."""
 
-    def __init__(self, args: list[str], log: Path, timeout: float) -> None:
+    def __init__(self, args: list[str], log: Path, timeout: float, env: dict | None = None) -> None:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "moelab.cli", "serve", *args, "--port", str(self.port)]
         self.log = log
         self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**(env or os.environ), "PYTHONUNBUFFERED": "1"})
         deadline = time.monotonic() + timeout
         while "phase=ready" not in log.read_text():
             if self.proc.poll() is not None or time.monotonic() > deadline:

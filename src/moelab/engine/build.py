@@ -1,8 +1,9 @@
 """From a validated `ServerConfig` to a warmed-up `Engine`, logging each startup phase.
 
-Phases (one flushed line each, `moelab.engine phase=<name> ...`): start, building_weights or
-loading_weights (per layer), quantizing (per layer, when a format is asked for), warmup; the
-server logs `ready` once it listens.
+Phases (one flushed line each, `moelab.engine phase=<name> ...`): start, config, building_weights
+or loading_weights (per layer), quantizing (per layer, when a format is asked for), warmup (on
+CUDA also the MoE kernels at every launch config a step can pick), cuda_graph (captured sizes, or
+why not); the server logs `ready` once it listens.
 """
 from __future__ import annotations
 
