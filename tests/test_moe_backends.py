@@ -188,6 +188,10 @@ def test_default_config_picks_gemv_for_few_pairs():
     assert few["path"] == "gemv" and "BLOCK_M" not in few and {"BLOCK_N", "BLOCK_K"} <= set(few["up"])
     many = default_config(GEMV_MAX_PAIRS // K + 1, E, K, H, I, "nvfp4")
     assert many.get("path", "tiled") == "tiled" and many["BLOCK_M"] >= 16
+    # Mixtral (8 experts, top-2): 16 tokens put four pairs on each expert; the gemv path would read
+    # every expert four times, so only up to one pair per expert on average takes it
+    assert default_config(4, 8, 2, 4096, 14336, "bf16")["path"] == "gemv"
+    assert "path" not in default_config(16, 8, 2, 4096, 14336, "bf16")
 
 
 def test_get_config_honours_a_tuned_file_mixing_both_paths(tmp_path, monkeypatch):
