@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from moelab.engine.checkpoint import load_checkpoint, random_weights, read_config, save_checkpoint
-from moelab.engine.graphs import default_sizes
 from moelab.engine.config import PRESETS, ModelConfig, Resolved, ServerConfig, resolve
+from moelab.engine.graphs import default_sizes
 from moelab.engine.model import Qwen3Moe
 from moelab.engine.runtime import Engine, phase
 from moelab.engine.scheduler import SamplingParams, Scheduler, Sequence

@@ -160,7 +160,8 @@ class Qwen3Moe:
             qk_norm_rope(qkv, nh, kvh, D, d[p + "q_norm.weight"], d[p + "k_norm.weight"], self.cos, self.sin,
                          b.positions, b.write_slots, kc, vc, c.rms_norm_eps)
         else:
-            q, k = rms_norm(q, d[p + "q_norm.weight"], c.rms_norm_eps), rms_norm(k, d[p + "k_norm.weight"], c.rms_norm_eps)
+            q = rms_norm(q, d[p + "q_norm.weight"], c.rms_norm_eps)
+            k = rms_norm(k, d[p + "k_norm.weight"], c.rms_norm_eps)
             cos, sin = self.cos[b.positions], self.sin[b.positions]  # [T, D]
             q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
             kc[b.write_slots] = k

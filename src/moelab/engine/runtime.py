@@ -55,8 +55,9 @@ class Engine:
         self._rng = random.Random(seed)  # seeds the generator of every request that brings no seed
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.stats = {"steps": 0, "graph_steps": 0, "decode_steps": 0, "decode_busy_s": 0.0, "prefill_tokens": 0, "decode_tokens": 0, "generated_tokens": 0, "max_batch": 0,
-                      "busy_s": 0.0, "finished": 0, "nonfinite_steps": 0, "error": None}
+        self.stats = {"steps": 0, "graph_steps": 0, "decode_steps": 0, "decode_busy_s": 0.0, "prefill_tokens": 0,
+                      "decode_tokens": 0, "generated_tokens": 0, "max_batch": 0, "busy_s": 0.0, "finished": 0,
+                      "nonfinite_steps": 0, "error": None}
         self.batch_hist: Counter[int] = Counter()  # running sequences per step -> steps
 
     def submit(self, seq: Sequence, stream: bool = False) -> None:
