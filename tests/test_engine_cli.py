@@ -37,6 +37,7 @@ def _serve_rc(*args: str) -> tuple[int, str]:
     (["--device", "cuda"], "moelab serve: error: argument --device: 'cuda' needs a CUDA GPU"),
     (["--quantization", "int3"], "moelab serve: error: argument --quantization: invalid choice: 'int3'"),
     (["--no-such-flag"], "No such option"),
+    (["--cuda-graph-max-bs", "0"], "moelab serve: error: argument --cuda-graph-max-bs: must be at least 1, got 0"),
 ])
 def test_unsupported_combination_exits_2_with_one_line(args, needle):
     import torch

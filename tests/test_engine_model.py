@@ -149,6 +149,32 @@ def test_max_running_requests_caps_the_batch():
     assert len(nxt) == 1 and {s.lane for s in sch.running} == {0, 1}
 
 
+def test_cuda_graph_sizes_pad_by_less_than_eight_rows():
+    from moelab.engine.graphs import default_sizes
+
+    assert default_sizes(1) == [1]
+    assert default_sizes(8) == [1, 2, 4, 8]
+    assert default_sizes(30) == [1, 2, 4, 8, 16, 24, 30]
+    assert default_sizes(64)[-3:] == [48, 56, 64]
+
+
+def test_decode_step_roofline_counts_weights_experts_and_kv():
+    """The bench's decode roofline, against the arithmetic done by hand for the small preset."""
+    import dataclasses
+
+    from moelab.moe.roofline import decode_step_cost, expected_active
+
+    mc = dataclasses.asdict(PRESETS["small"])
+    b1, _ = decode_step_cost(mc, "bf16", 1, 64)
+    attn = 2048 * 128 * (2 * 32 + 2 * 4) * 2 + 128 * 2048 * 2  # q/k/v/o + router, bf16
+    experts = 8 * 3 * 2048 * 768 * 2  # one token touches 8 experts
+    kv = 64 * 2 * 4 * 128 * 2
+    assert b1 == pytest.approx(4 * (attn + experts + kv) + 151936 * 2048 * 2)
+    b32, _ = decode_step_cost(mc, "bf16", 32, 64)
+    assert b32 - b1 == pytest.approx(4 * ((expected_active(128, 8, 32) - 8) * 3 * 2048 * 768 * 2 + 31 * kv))
+    assert decode_step_cost(mc, "nvfp4", 32, 64)[0] < decode_step_cost(mc, "fp8", 32, 64)[0] < b32
+
+
 def test_stop_strings_are_cut_and_never_leak_in_pieces():
     tok = ByteTokenizer()
     ids = tok.encode("abc<END>def")
