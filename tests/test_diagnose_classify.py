@@ -117,3 +117,15 @@ def test_diagnose_cli_json_and_exit_codes(tmp_path):
     assert bad.returncode == 2 and "no such log file" in bad.stderr
     bad = _moelab("diagnose", str(log), "--engine", "nosuch")
     assert bad.returncode == 2 and "no rules for engine" in bad.stderr
+
+
+def test_embedded_cuda_graph_capture_failure_names_the_inner_error():
+    """The embedded engine reports a failed capture in SGLang's words (a wrapper rule); the error
+    inside it is the cause."""
+    log = ["moelab.engine phase=warmup MoE runner at 8 token counts (1,2,4,8,16,32,64,128) in 3.1s",
+           "Traceback (most recent call last):",
+           '  File "/x/moelab/engine/graphs.py", line 50, in __init__',
+           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB.",
+           "moelab.engine error: Capture cuda graph failed: OutOfMemoryError: CUDA out of memory."]
+    v = classify(log, exit_code=1)
+    assert v.cause is Cause.gpu_oom and v.evidence[0].line == 4

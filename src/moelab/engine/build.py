@@ -8,6 +8,7 @@ why not); the server logs `ready` once it listens.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -137,7 +138,11 @@ def capture_graphs(cfg: ServerConfig, engine: Engine) -> list[int]:
         return []
     sizes = default_sizes(min(cfg.cuda_graph_max_bs or cfg.max_running_requests, cfg.max_running_requests))
     t0 = time.monotonic()
-    engine.capture_graphs(sizes)
+    try:
+        engine.capture_graphs(sizes)
+    except Exception as e:  # SGLang's words, so that diagnose's rule and its advice apply here too
+        print(f"moelab.engine error: Capture cuda graph failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        raise
     phase("cuda_graph", f"captured decode batch sizes {','.join(map(str, sizes))} in {time.monotonic() - t0:.1f}s")
     return sizes
 
