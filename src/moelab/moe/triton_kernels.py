@@ -11,9 +11,6 @@ as stored ([BN, BK/2] bytes, K contiguous): both nibbles are decoded, interleave
 into [BN, BK], scaled, and the transpose goes to one dot. (Dotting the low nibbles with A's even
 columns and the high with its odd columns was 1.4-3.7x slower on an H200: strided A loads and a
 scale tile reshaped along the dot's K axis.)
-LOOP_STAGES > 0 asks Triton to software-pipeline the K loop with that many stages even when the
-weight loads reach the dot only through dequantizing arithmetic (its automatic pipelining follows
-loads that feed a dot directly); 0 leaves the loop to the launch's num_stages.
 Rows of the problem are the sorted (token, slot) pairs of `triton_align`; one program computes a
 [BLOCK_M, BLOCK_N] tile for the single expert that owns its M-block.
 """
@@ -102,8 +99,7 @@ def moe_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, sorted_ptr, expert_ids_pt
                   num_pairs, I, H, TOPK, num_m, stride_xm, stride_om,
                   stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                   FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, DOT_F32: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                  LOOP_STAGES: tl.constexpr = 0):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """out[row, n] = silu(x[tok] . gate_e[n]) * (x[tok] . up_e[n]) for the sorted rows; out [maxlen, I]."""
     pid_m, pid_n = _pid_mn(num_m, tl.cdiv(I, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
@@ -125,18 +121,11 @@ def moe_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, sorted_ptr, expert_ids_pt
         up_s = s_base + I * stride_sn
     acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if LOOP_STAGES > 0:
-        for k0 in tl.range(0, H, BLOCK_K, num_stages=LOOP_STAGES):
-            acc_g = _tile_dot(acc_g, a_rows, valid, w_base, s_base, offs_n, nmask, k0, H,
-                              stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
-            acc_u = _tile_dot(acc_u, a_rows, valid, up_w, up_s, offs_n, nmask, k0, H,
-                              stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
-    else:
-        for k0 in range(0, H, BLOCK_K):
-            acc_g = _tile_dot(acc_g, a_rows, valid, w_base, s_base, offs_n, nmask, k0, H,
-                              stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
-            acc_u = _tile_dot(acc_u, a_rows, valid, up_w, up_s, offs_n, nmask, k0, H,
-                              stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
+    for k0 in range(0, H, BLOCK_K):
+        acc_g = _tile_dot(acc_g, a_rows, valid, w_base, s_base, offs_n, nmask, k0, H,
+                          stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
+        acc_u = _tile_dot(acc_u, a_rows, valid, up_w, up_s, offs_n, nmask, k0, H,
+                          stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
     if FMT == 1:
         acc_g *= tl.load(s_base + offs_n * stride_sn, mask=nmask, other=0.0)[None, :]
         acc_u *= tl.load(up_s + offs_n * stride_sn, mask=nmask, other=0.0)[None, :]
@@ -153,8 +142,7 @@ def moe_down_kernel(a_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr, sorted_ptr, exp
                     num_pairs, H, I, num_m, stride_am, stride_om,
                     stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                     FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, DOT_F32: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-                    LOOP_STAGES: tl.constexpr = 0):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
     """out[pair, n] = topk_w[pair] * (act[row] . down_e[n]); act [maxlen, I] sorted, out [T*K, H]."""
     pid_m, pid_n = _pid_mn(num_m, tl.cdiv(H, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
@@ -169,14 +157,9 @@ def moe_down_kernel(a_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr, sorted_ptr, exp
     w_base = w_ptr + e * stride_we
     s_base = s_ptr + e * stride_se
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if LOOP_STAGES > 0:
-        for k0 in tl.range(0, I, BLOCK_K, num_stages=LOOP_STAGES):
-            acc = _tile_dot(acc, a_rows, valid, w_base, s_base, offs_n, nmask, k0, I,
-                            stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
-    else:
-        for k0 in range(0, I, BLOCK_K):
-            acc = _tile_dot(acc, a_rows, valid, w_base, s_base, offs_n, nmask, k0, I,
-                            stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
+    for k0 in range(0, I, BLOCK_K):
+        acc = _tile_dot(acc, a_rows, valid, w_base, s_base, offs_n, nmask, k0, I,
+                        stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
     if FMT == 1:
         acc *= tl.load(s_base + offs_n * stride_sn, mask=nmask, other=0.0)[None, :]
     if FMT == 3:

@@ -126,7 +126,6 @@ class TritonRunner(MoERunner):
 
 def _launch_kwargs(c: dict[str, Any]) -> dict[str, Any]:
     kw = {k: c[k] for k in ("BLOCK_N", "BLOCK_K", "GROUP_M")}
-    kw["LOOP_STAGES"] = c.get("loop_stages", 0)
     if not _interpreting():
         kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
     return kw
