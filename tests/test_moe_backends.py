@@ -180,6 +180,60 @@ def test_gemv_path_matches_reference_in_interpreter():
         assert r["err"] < (1e-5 if c.get("x") == "float32" else 2e-2), r
 
 
+_ALIGN = r"""
+import json, sys, torch
+from moelab.moe.triton_align import align_block_size
+res = []
+for n_tok, E, K, bm in json.loads(sys.argv[1]):
+    ids = torch.randint(0, E, (n_tok, K), generator=torch.Generator().manual_seed(n_tok), dtype=torch.int32)
+    sorted_ids, expert_ids, total = align_block_size(ids, E, bm)
+    res.append({"ids": ids.flatten().tolist(), "sorted": sorted_ids.tolist(), "experts": expert_ids.tolist(),
+                "total": int(total)})
+print(json.dumps(res))
+"""
+
+
+@pytest.mark.slow
+def test_alignment_sorts_pairs_into_expert_blocks_in_interpreter():
+    """Both alignment paths: one program (up to 4,096 pairs) and count/offsets/scatter past it.
+    Every pair lands once, in a block of its own expert; every other row up to the padded length
+    holds the sentinel; blocks past `total` are never read."""
+    pytest.importorskip("triton")
+    cases = [(5, 8, 2, 16), (300, 128, 8, 64), (700, 128, 8, 128)]  # 10, 2,400 and 5,600 pairs
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    p = subprocess.run([sys.executable, "-c", _ALIGN, json.dumps(cases)], capture_output=True, text=True,
+                       env=env, timeout=240)
+    assert p.returncode == 0, p.stderr[-2000:]
+    for (n_tok, E, K, bm), r in zip(cases, json.loads(p.stdout)):
+        ids, srt, total, n = r["ids"], r["sorted"], r["total"], n_tok * K
+        counts = [ids.count(e) for e in range(E)]
+        assert total == sum(-(-c // bm) * bm for c in counts) and total <= len(srt)
+        assert sorted(v for v in srt[:total] if v != n) == list(range(n))  # each pair once
+        assert all(v == n for v in srt[total:])
+        for b in range(total // bm):
+            rows = [v for v in srt[b * bm:(b + 1) * bm] if v != n]
+            assert rows and all(ids[v] == r["experts"][b] for v in rows), (n_tok, b)
+
+
+def test_tuner_search_space_holds_every_shipped_config():
+    """`moelab kernels --tune` can reproduce the shipped H200 files: every tile in them is one of
+    the tuner's candidates for its path, stage and BLOCK_M, and each BLOCK_M is one it tries."""
+    from moelab.moe.triton_configs import CONFIG_DIR
+    from moelab.moe.tune import block_m_candidates, gemv_tiles, tiled_tiles
+
+    assert block_m_candidates(1, 128, 8) == [16] and block_m_candidates(4096, 128, 8) == [64, 128]
+    files = sorted(CONFIG_DIR.glob("E=*.json"))
+    assert files
+    for f in files:
+        E = int(f.name.split(",")[0].removeprefix("E="))
+        for m, cfg in json.loads(f.read_text()).items():
+            for stage in ("up", "down"):
+                pool = gemv_tiles(stage) if cfg.get("path") == "gemv" else tiled_tiles(cfg["BLOCK_M"], stage)
+                assert cfg[stage] in pool, (f.name, m, stage)
+            if cfg.get("path") != "gemv":
+                assert cfg["BLOCK_M"] in block_m_candidates(int(m), E, 8), (f.name, m)  # shipped: top-8 models
+
+
 def test_default_config_picks_gemv_for_few_pairs():
     from moelab.moe.triton_configs import GEMV_MAX_PAIRS, default_config
 

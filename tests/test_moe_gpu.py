@@ -19,7 +19,7 @@ def test_triton_matches_reference_on_cuda(fmt, block, shape):
     dev = torch.device("cuda")
     w = make_weights(E, H, I, fmt, dev, seed=E + H, block=block)
     ref_w = Bf16Experts(*w.dequantize(torch.float32))
-    for T in (1, 3, 64, 300):
+    for T in (1, 3, 64, 300, 1200):  # 1,200 tokens: past 4,096 pairs the alignment takes its multi-launch path
         x, tw, ids = make_inputs(T, E, K, H, 1, dev, seed=T)[0]
         out = RUNNERS.create("triton")(x, tw, ids, w).float()
         ref = RUNNERS.create("reference")(x, tw, ids, ref_w).float()
@@ -90,3 +90,33 @@ def test_gemv_path_in_a_cuda_graph_matches_reference(fmt, block):
         torch.cuda.synchronize()
         assert torch.equal(out, first)
         torch.testing.assert_close(runner(x, tw, ids.long(), w), first)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "nvfp4"])
+def test_tune_saves_configs_that_the_runner_then_uses(fmt, tmp_path, monkeypatch):
+    """A quick tune (3 candidates per kernel and path) writes one entry per token count into the
+    given directory; get_config then returns it, and the runner with it matches the reference."""
+    from moelab.moe import triton_configs as tc
+    from moelab.moe.tune import tune
+
+    E, K, H, I = 16, 4, 256, 128
+    records = []
+    tune({"shape": [E, K, H, I], "format": fmt, "tokens": [2, 64], "config_dir": str(tmp_path),
+          "max_candidates": 3}, records.append)
+    tuned = [r for r in records if r["kind"] == "tuned"]
+    assert [r["tokens"] for r in tuned] == [2, 64] and records[-1]["kind"] == "tune_saved"
+    assert all(r["time_us"] <= r["default_us"] for r in tuned)  # never worse than the config in use
+    monkeypatch.setenv("MOELAB_MOE_CONFIG_DIR", str(tmp_path))
+    tc.load_tuned.cache_clear()
+    try:
+        dev = torch.device("cuda")
+        w = make_weights(E, H, I, fmt, dev, seed=1)
+        ref_w = Bf16Experts(*w.dequantize(torch.float32))
+        for r in tuned:
+            assert tc.get_config(r["tokens"], E, K, H, I, fmt) == r["config"]
+            x, tw, ids = make_inputs(r["tokens"], E, K, H, 1, dev, seed=3)[0]
+            out = RUNNERS.create("triton")(x, tw, ids, w).float()
+            ref = RUNNERS.create("reference")(x, tw, ids, ref_w).float()
+            assert ((out - ref).norm() / ref.norm()).item() < 2e-2, r["config"]
+    finally:
+        tc.load_tuned.cache_clear()

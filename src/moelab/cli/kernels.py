@@ -113,7 +113,7 @@ def kernels(
             res = run_worker(worker_argv(spec), timeout, env)
             tuned += res.records
             say(f"tuned triton {fmt}: " + (res.cause.value if res.cause.value != "ok" else
-                ", ".join(f"T={r['tokens']} {r['default_us']:.0f}->{r['time_us']:.0f}us" for r in res.records
+                ", ".join(f"T={r['tokens']} {r['default_us']:.0f}->{r['time_us']:.0f}us ({r['winner']})" for r in res.records
                           if r.get("kind") == "tuned")))
     if tune and tune_only:
         if json_out:

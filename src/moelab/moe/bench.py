@@ -94,18 +94,10 @@ def time_calls(fn, inputs: list[tuple], dev: torch.device, reps: int) -> tuple[f
     return statistics.median(samples), used
 
 
-def calibrate(spec: dict) -> None:
-    if not torch.cuda.is_available():
-        emit({"kind": "calibration", "device": "cpu", "copy_bw_bytes_s": None, "bf16_flops_s": None})
-        return
-    dev = torch.device("cuda")
-    m = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
-    for _ in range(20):  # bring the clocks up before measuring anything
-        m @ m
-    us_mm, _ = time_calls(lambda: m @ m, [()], dev, 20)
-    # copy bandwidth: the best of a device-to-device memcpy and an elementwise kernel (read + write
-    # counted), 2 GiB each way, far past the 60 MB L2; timed eagerly (a memcpy node inside a CUDA
-    # graph measured only 2.7 TB/s on the H200, below what the MoE kernel itself streamed)
+def copy_bandwidth(dev: torch.device) -> tuple[float, dict[str, float]]:
+    """Best of a device-to-device memcpy and an elementwise kernel (read + write counted), 2 GiB
+    each way, far past the 60 MB L2; timed eagerly (a memcpy node inside a CUDA graph measured only
+    2.7 TB/s on the H200, below what the MoE kernel itself streamed). (bytes/s, by method)"""
     n = 1 << 29  # float32 elements = 2 GiB
     a, b = torch.rand(n, device=dev), torch.empty(n, device=dev)
     rates = {}
@@ -120,8 +112,19 @@ def calibrate(spec: dict) -> None:
         ev[1].record()
         ev[1].synchronize()
         rates[label] = 10 * 2 * a.nbytes / (ev[0].elapsed_time(ev[1]) * 1e-3)
-    bw = max(rates.values())
-    del a, b
+    return max(rates.values()), rates
+
+
+def calibrate(spec: dict) -> None:
+    if not torch.cuda.is_available():
+        emit({"kind": "calibration", "device": "cpu", "copy_bw_bytes_s": None, "bf16_flops_s": None})
+        return
+    dev = torch.device("cuda")
+    m = torch.randn(8192, 8192, device=dev, dtype=torch.bfloat16)
+    for _ in range(20):  # bring the clocks up before measuring anything
+        m @ m
+    us_mm, _ = time_calls(lambda: m @ m, [()], dev, 20)
+    bw, rates = copy_bandwidth(dev)
     emit({"kind": "calibration", "copy_bw_bytes_s": bw, "copy_bw_by_method": rates,
           "bf16_flops_s": 2 * 8192 ** 3 / (us_mm * 1e-6), "device": torch.cuda.get_device_name(), "capability": list(torch.cuda.get_device_capability())})
 

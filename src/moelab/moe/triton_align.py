@@ -1,4 +1,5 @@
-"""Token/expert alignment for the fused MoE kernel, in three small Triton launches.
+"""Token/expert alignment for the fused MoE kernel: one Triton launch up to 4,096 pairs, else a
+memset and two launches (count, then offsets + scatter).
 
 The T*K (token, slot) pairs are counting-sorted by expert and each expert's segment is padded to a
 multiple of BLOCK_M, so every BLOCK_M rows of the sorted list belong to one expert:
@@ -10,23 +11,35 @@ inside one expert comes from atomics and may vary; results do not depend on it.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize=["N"])
-def _count_kernel(ids_ptr, counts_ptr, rank_ptr, N, BLOCK: tl.constexpr):
+@triton.jit(do_not_specialize=["N", "MAXLEN"])
+def _count_kernel(ids_ptr, counts_ptr, rank_ptr, sorted_ptr, N, MAXLEN, BLOCK: tl.constexpr):
+    """Rank of each pair inside its expert, and the sentinel N on every sorted row (the scatter,
+    a later launch, overwrites the real ones); the grid covers max(N, MAXLEN)."""
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(sorted_ptr + offs, tl.full((BLOCK,), N, tl.int32), mask=offs < MAXLEN)
     m = offs < N
     e = tl.load(ids_ptr + offs, mask=m, other=0)
     r = tl.atomic_add(counts_ptr + e, 1, mask=m)  # old value = rank of this pair inside its expert
     tl.store(rank_ptr + offs, r, mask=m)
 
 
-@triton.jit(do_not_specialize=["N", "MAXLEN", "NUM_BLOCKS"])
-def _offsets_kernel(counts_ptr, starts_ptr, expert_ids_ptr, total_ptr, sorted_ptr, E, N, MAXLEN,
-                    NUM_BLOCKS, BM: tl.constexpr, EB: tl.constexpr, BLOCK: tl.constexpr):
+@triton.jit
+def _store_block_experts(expert_ids_ptr, b, ends, em, E, NUM_BLOCKS, BM: tl.constexpr):
+    """expert of block b = number of experts whose padded segment ends at or before b*BM."""
+    before = (ends[None, :] <= (b * BM)[:, None]) & em[None, :]  # [BB, EB]
+    tl.store(expert_ids_ptr + b, tl.minimum(tl.sum(before.to(tl.int32), 1), E - 1), mask=b < NUM_BLOCKS)
+
+
+@triton.jit(do_not_specialize=["NUM_BLOCKS"])
+def _offsets_kernel(counts_ptr, starts_ptr, expert_ids_ptr, total_ptr, E, NUM_BLOCKS,
+                    BM: tl.constexpr, EB: tl.constexpr, BB: tl.constexpr):
     e = tl.arange(0, EB)
     em = e < E
     c = tl.load(counts_ptr + e, mask=em, other=0)
@@ -34,37 +47,46 @@ def _offsets_kernel(counts_ptr, starts_ptr, expert_ids_ptr, total_ptr, sorted_pt
     ends = tl.cumsum(padded, 0)
     tl.store(starts_ptr + e, ends - padded, mask=em)
     tl.store(total_ptr, tl.sum(padded, 0))
-    for b0 in range(0, NUM_BLOCKS, BLOCK):
-        b = b0 + tl.arange(0, BLOCK)
-        # expert of block b = number of experts whose padded segment ends at or before b*BM
-        before = (ends[None, :] <= (b * BM)[:, None]) & em[None, :]  # [BLOCK, EB]
-        ex = tl.minimum(tl.sum(before.to(tl.int32), 1), E - 1)
-        tl.store(expert_ids_ptr + b, ex, mask=b < NUM_BLOCKS)
-    for i0 in range(0, MAXLEN, BLOCK):
-        i = i0 + tl.arange(0, BLOCK)
-        tl.store(sorted_ptr + i, N, mask=i < MAXLEN)  # sentinel on every row first
+    for b0 in range(0, NUM_BLOCKS, BB):
+        _store_block_experts(expert_ids_ptr, b0 + tl.arange(0, BB), ends, em, E, NUM_BLOCKS, BM)
 
 
-@triton.jit(do_not_specialize=["N"])
-def _scatter_kernel(ids_ptr, rank_ptr, starts_ptr, sorted_ptr, N, BLOCK: tl.constexpr):
-    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+@triton.jit(do_not_specialize=["N", "NUM_BLOCKS"])
+def _offsets_scatter_kernel(ids_ptr, counts_ptr, rank_ptr, expert_ids_ptr, total_ptr, sorted_ptr, E, N,
+                            NUM_BLOCKS, BM: tl.constexpr, EB: tl.constexpr, BLOCK: tl.constexpr,
+                            BB: tl.constexpr):
+    """Every program derives the expert offsets from the counts itself (E values), writes its share
+    of the block->expert map and scatters its BLOCK pairs: one launch instead of two."""
+    pid = tl.program_id(0)
+    e = tl.arange(0, EB)
+    em = e < E
+    padded = (tl.load(counts_ptr + e, mask=em, other=0) + BM - 1) // BM * BM
+    ends = tl.cumsum(padded, 0)
+    if pid == 0:
+        tl.store(total_ptr, tl.sum(padded, 0))
+    for b0 in range(pid * BB, NUM_BLOCKS, tl.num_programs(0) * BB):
+        _store_block_experts(expert_ids_ptr, b0 + tl.arange(0, BB), ends, em, E, NUM_BLOCKS, BM)
+    offs = pid * BLOCK + tl.arange(0, BLOCK)
     m = offs < N
-    e = tl.load(ids_ptr + offs, mask=m, other=0)
+    ex = tl.load(ids_ptr + offs, mask=m, other=0)
     r = tl.load(rank_ptr + offs, mask=m, other=0)
-    s = tl.load(starts_ptr + e, mask=m, other=0)
-    tl.store(sorted_ptr + s + r, offs, mask=m)
+    start = tl.gather(ends - padded, ex, 0)  # segment start of each pair's expert
+    tl.store(sorted_ptr + start + r, offs, mask=m)
 
 
 @triton.jit(do_not_specialize=["N", "MAXLEN", "NUM_BLOCKS"])
 def _align_one_program_kernel(ids_ptr, counts_ptr, rank_ptr, starts_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
                               E, N, MAXLEN, NUM_BLOCKS, BM: tl.constexpr, EB: tl.constexpr,
-                              BLOCK: tl.constexpr):
+                              BLOCK: tl.constexpr, BB: tl.constexpr):
     """The same three steps in one program (one launch, no memset) for small T*K: decode latency.
 
     Barriers order the phases; global writes of one program are visible to its own threads after one.
     """
     e = tl.arange(0, EB)
     tl.store(counts_ptr + e, tl.zeros((EB,), dtype=tl.int32), mask=e < E)
+    for i0 in range(0, MAXLEN, BLOCK):
+        i = i0 + tl.arange(0, BLOCK)
+        tl.store(sorted_ptr + i, tl.full((BLOCK,), N, tl.int32), mask=i < MAXLEN)  # sentinel first
     tl.debug_barrier()
     for i0 in range(0, N, BLOCK):
         offs = i0 + tl.arange(0, BLOCK)
@@ -72,8 +94,7 @@ def _align_one_program_kernel(ids_ptr, counts_ptr, rank_ptr, starts_ptr, sorted_
         ex = tl.load(ids_ptr + offs, mask=m, other=0)
         tl.store(rank_ptr + offs, tl.atomic_add(counts_ptr + ex, 1, mask=m), mask=m)
     tl.debug_barrier()
-    _offsets_kernel(counts_ptr, starts_ptr, expert_ids_ptr, total_ptr, sorted_ptr, E, N, MAXLEN, NUM_BLOCKS,
-                    BM, EB, BLOCK)
+    _offsets_kernel(counts_ptr, starts_ptr, expert_ids_ptr, total_ptr, E, NUM_BLOCKS, BM, EB, BB)
     tl.debug_barrier()
     for i0 in range(0, N, BLOCK):
         offs = i0 + tl.arange(0, BLOCK)
@@ -85,6 +106,11 @@ def _align_one_program_kernel(ids_ptr, counts_ptr, rank_ptr, starts_ptr, sorted_
 
 
 ONE_PROGRAM_MAX_PAIRS = 4096
+
+
+def _warps(n: int) -> dict[str, int]:
+    """num_warps, except under Triton's CPU interpreter, which takes no launch options."""
+    return {} if os.environ.get("TRITON_INTERPRET") == "1" else {"num_warps": n}
 
 
 def max_padded_len(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -110,13 +136,12 @@ def align_block_size(topk_ids: torch.Tensor, num_experts: int, block_m: int
     total = torch.empty(1, dtype=torch.int32, device=dev)
     if n <= ONE_PROGRAM_MAX_PAIRS:
         _align_one_program_kernel[(1,)](ids, counts, rank, starts, sorted_ids, expert_ids, total, num_experts, n,
-                                        maxlen, num_blocks, BM=block_m, EB=eb, BLOCK=256)
+                                        maxlen, num_blocks, BM=block_m, EB=eb, BLOCK=1024, BB=64,
+                                        **_warps(8))
         return sorted_ids, expert_ids, total
     counts.zero_()
     blk = 1024
-    grid = (triton.cdiv(n, blk),)
-    _count_kernel[grid](ids, counts, rank, n, BLOCK=blk)
-    _offsets_kernel[(1,)](counts, starts, expert_ids, total, sorted_ids, num_experts, n, maxlen, num_blocks,
-                          BM=block_m, EB=eb, BLOCK=64)
-    _scatter_kernel[grid](ids, rank, starts, sorted_ids, n, BLOCK=blk)
+    _count_kernel[(triton.cdiv(max(n, maxlen), blk),)](ids, counts, rank, sorted_ids, n, maxlen, BLOCK=blk)
+    _offsets_scatter_kernel[(triton.cdiv(n, 256),)](ids, counts, rank, expert_ids, total, sorted_ids, num_experts, n,
+                                                    num_blocks, BM=block_m, EB=eb, BLOCK=256, BB=16)
     return sorted_ids, expert_ids, total

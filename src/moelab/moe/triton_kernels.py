@@ -100,7 +100,12 @@ def moe_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, sorted_ptr, expert_ids_pt
                   stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                   FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, DOT_F32: tl.constexpr,
                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """out[row, n] = silu(x[tok] . gate_e[n]) * (x[tok] . up_e[n]) for the sorted rows; out [maxlen, I]."""
+    """out[row, n] = silu(x[tok] . gate_e[n]) * (x[tok] . up_e[n]) for the sorted rows; out [maxlen, I].
+
+    bf16 and fp8: the weight tile stacks BLOCK_N gate rows over the BLOCK_N matching up rows (rows
+    n and I + n of w13), so each K step loads the activation tile once and runs one
+    [BLOCK_M, 2*BLOCK_N] dot.
+    """
     pid_m, pid_n = _pid_mn(num_m, tl.cdiv(I, BLOCK_N), GROUP_M)
     if pid_m * BLOCK_M >= tl.load(total_ptr):
         return
@@ -109,32 +114,39 @@ def moe_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, sorted_ptr, expert_ids_pt
     valid = pair < num_pairs
     tok = (pair // TOPK).to(tl.int64)
     e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    r = tl.arange(0, 2 * BLOCK_N)
+    offs_n = pid_n * BLOCK_N + r % BLOCK_N
+    rows = offs_n + (r // BLOCK_N) * I  # gate rows, then up rows
     nmask = offs_n < I
     a_rows = x_ptr + tok * stride_xm
     w_base = w_ptr + e * stride_we
     s_base = s_ptr + e * stride_se
-    up_w = w_base + I * stride_wn  # up rows follow the gate rows
-    if FMT == 2:
-        up_s = s_base + (I // BSN) * stride_sn
-    else:
-        up_s = s_base + I * stride_sn
-    acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, H, BLOCK_K):
-        acc_g = _tile_dot(acc_g, a_rows, valid, w_base, s_base, offs_n, nmask, k0, H,
-                          stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
-        acc_u = _tile_dot(acc_u, a_rows, valid, up_w, up_s, offs_n, nmask, k0, H,
-                          stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
-    if FMT == 1:
-        acc_g *= tl.load(s_base + offs_n * stride_sn, mask=nmask, other=0.0)[None, :]
-        acc_u *= tl.load(up_s + offs_n * stride_sn, mask=nmask, other=0.0)[None, :]
     if FMT == 3:
-        acc_g *= tl.load(g_ptr + e * 2)
-        acc_u *= tl.load(g_ptr + e * 2 + 1)
-    h = acc_g * tl.sigmoid(acc_g) * acc_u  # SiLU(gate) * up, in fp32
-    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, h.to(out_ptr.dtype.element_ty), mask=nmask[None, :])
+        # nvfp4 keeps two [BLOCK_N, BLOCK_K] tiles: its dequantized tile lives in registers, and a
+        # stacked one at the same BLOCK_N took 1.8x longer on an H200 (64 tokens)
+        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        gate_rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        gmask = gate_rows < I
+        for k0 in range(0, H, BLOCK_K):
+            acc_g = _tile_dot(acc_g, a_rows, valid, w_base, s_base, gate_rows, gmask, k0, H,
+                              stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
+            acc_u = _tile_dot(acc_u, a_rows, valid, w_base, s_base, gate_rows + I, gmask, k0, H,
+                              stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
+        gate = acc_g * tl.load(g_ptr + e * 2)  # global scales of gate and up
+        up = acc_u * tl.load(g_ptr + e * 2 + 1)
+    else:
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            acc = _tile_dot(acc, a_rows, valid, w_base, s_base, rows, nmask, k0, H,
+                            stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
+        if FMT == 1:
+            acc *= tl.load(s_base + rows * stride_sn, mask=nmask, other=0.0)[None, :]
+        gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+    h = gate * tl.sigmoid(gate) * up  # SiLU(gate) * up, in fp32
+    offs_o = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_o[None, :]
+    tl.store(out, h.to(out_ptr.dtype.element_ty), mask=(offs_o < I)[None, :])
 
 
 @triton.jit(do_not_specialize=TOKEN_ARGS)
@@ -167,3 +179,20 @@ def moe_down_kernel(a_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr, sorted_ptr, exp
     acc *= tl.load(tw_ptr + pair, mask=valid, other=0.0).to(tl.float32)[:, None]  # router weight
     out = out_ptr + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & nmask[None, :])
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def moe_sum_kernel(y_ptr, out_ptr, num_tokens, H, TOPK: tl.constexpr, BLOCK_H: tl.constexpr):
+    """out[t] = sum_k y[t*TOPK + k]: the top-k combine, in fp32 and in slot order (deterministic).
+
+    Every slot's row is one contiguous, vectorised load, all issued before the first add. On an
+    H200 at 4,096 tokens (151 MB moved) it took 36.7 us (96 % of copy bandwidth), against 54.7 us
+    for torch's strided sum over [T, K, H].
+    """
+    t = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    m = offs < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for k in tl.static_range(TOPK):
+        acc += tl.load(y_ptr + (t * TOPK + k) * H + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(out_ptr + t * H + offs, acc.to(out_ptr.dtype.element_ty), mask=m)

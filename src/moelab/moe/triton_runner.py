@@ -1,6 +1,7 @@
 """The fused Triton MoE runner: align -> gate/up GEMM + SiLU*up -> down GEMM * router weight -> sum.
 
-Tiled path: up to five launches per layer on CUDA (alignment, two GEMMs) plus the top-k sum.
+Tiled path: four launches per layer on CUDA (alignment, two GEMMs, the top-k sum); past 4,096
+(token, slot) pairs the alignment takes three launches and a memset instead of one.
 Intermediates:
     act  [maxlen, I]   SiLU(gate)*up per sorted row (bf16)
     y    [T*K, H]      router-weighted expert outputs per (token, slot)
@@ -86,7 +87,7 @@ class TritonRunner(MoERunner):
     def __call__(self, x, topk_weights, topk_ids, w: ExpertWeights):
         from moelab.moe.triton_align import align_block_size
         from moelab.moe.triton_configs import get_config
-        from moelab.moe.triton_kernels import moe_down_kernel, moe_up_kernel
+        from moelab.moe.triton_kernels import moe_down_kernel, moe_sum_kernel, moe_up_kernel
 
         T, H = x.shape
         K = topk_ids.shape[1]
@@ -121,7 +122,10 @@ class TritonRunner(MoERunner):
             FMT=fmt, BSN=bsn, BSK=bsk, DOT_F32=_interpreting(), BLOCK_M=bm, **_launch_kwargs(down))
         if K == 1:
             return y
-        return y.view(T, K, H).sum(dim=1)  # top-k combine; fp32 accumulation inside torch's sum
+        out = torch.empty(T, H, dtype=x.dtype, device=x.device)
+        bh = min(1024, triton_next_pow2(H))
+        moe_sum_kernel[(T, triton_cdiv(H, bh))](y, out, T, H, TOPK=K, BLOCK_H=bh)  # top-k combine
+        return out
 
 
 def _launch_kwargs(c: dict[str, Any]) -> dict[str, Any]:
@@ -146,8 +150,8 @@ def _gemv(x, topk_weights, topk_ids, I, fmt, blk, up_ops, down_ops, up, down):
         x, w13, s13, g13, act, ids, T * K, I, H, K, x.stride(0), act.stride(0),
         *_strides3(w13), *_strides3(s13), FMT=fmt, BSN=blk[0], BSK=blk[1], **_gemv_kwargs(up, H))
     moe_gemv_down_kernel[(T * triton_cdiv(H, down["BLOCK_N"]),)](
-        act, w2, s2, g2, out, tw, ids, T, H, I, K, act.stride(0), out.stride(0),
-        *_strides3(w2), *_strides3(s2), FMT=fmt, BSN=blk[0], BSK=blk[1], **_gemv_kwargs(down, I))
+        act, w2, s2, g2, out, tw, ids, T, H, I, act.stride(0), out.stride(0), *_strides3(w2), *_strides3(s2),
+        TOPK=K, TOPK_P2=triton_next_pow2(K), FMT=fmt, BSN=blk[0], BSK=blk[1], **_gemv_kwargs(down, I))
     return out
 
 
@@ -162,3 +166,7 @@ def _gemv_kwargs(c: dict[str, Any], k: int) -> dict[str, Any]:
 
 def triton_cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def triton_next_pow2(n: int) -> int:
+    return 1 << (n - 1).bit_length()
