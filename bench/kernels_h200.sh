@@ -8,7 +8,9 @@
 #   TEST_TIMEOUT=90 TUNE_TIMEOUT=90 TUNE_PLAN="fp8,nvfp4:1,16,64;bf16:4096" TAG=final
 #   TEST_TIMEOUT=40 TESTS="tests/test_moe_gpu.py -k nvfp4" BACKENDS=grouped,triton REPS=20 TAG=final2
 #   (second round, after the gemv path and the K-major NVFP4 tiles; configs from focused A/B runs)
-#   SKIP_TESTS=1 BACKENDS=grouped,triton REPS=30 TAG=final    -> bench/kernels_h200_table.txt
+#   SKIP_TESTS=1 BACKENDS=grouped,triton REPS=30 TAG=final
+#   (third round, after the per-kernel sweep; configs from the method now in moe/tune.py)
+#   SKIP_TESTS=1 BACKENDS=grouped,triton REPS=20 TAG=final    -> bench/kernels_h200_table.txt
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/kernels-out}; mkdir -p "$OUT"
