@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import triton
@@ -38,26 +37,6 @@ def _stream(p, o, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     tl.store(o + tl.program_id(0), tl.sum(acc))  # keeps the loads alive
 
 
-def graph_us(run, calls: int) -> float:
-    """Median microseconds per call of `run` (which makes `calls` calls), replayed as one CUDA graph."""
-    run()
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        run()
-    g.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(30):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3 / calls)
-    return statistics.median(samples)
-
-
 def floor_us(up_bytes: int, down_bytes: int, dev: torch.device) -> tuple[float, dict]:
     """Best two-kernel streaming time over LAUNCHES, and the launch shape that gave it."""
     bufs = [tuple(torch.randint(-2**31, 2**31 - 1, (b // 4,), dtype=torch.int32, device=dev)
@@ -65,12 +44,11 @@ def floor_us(up_bytes: int, down_bytes: int, dev: torch.device) -> tuple[float, 
     sink = torch.empty(1 << 20, dtype=torch.int32, device=dev)
     best = (float("inf"), {})
     for block, iters, warps in LAUNCHES:
-        def run():
-            for pair in bufs:
-                for t in pair:
-                    _stream[(triton.cdiv(t.numel(), block * iters),)](t, sink, t.numel(), BLOCK=block, ITERS=iters,
-                                                                       num_warps=warps)
-        us = graph_us(run, len(bufs))
+        def call(*pair, block=block, iters=iters, warps=warps):  # one layer: the up stream, then the down stream
+            for t in pair:
+                _stream[(triton.cdiv(t.numel(), block * iters),)](t, sink, t.numel(), BLOCK=block, ITERS=iters,
+                                                                   num_warps=warps)
+        us, _ = time_calls(call, bufs, dev, 30)  # the same CUDA-graph timing as `moelab kernels`
         if us < best[0]:
             best = (us, {"BLOCK": block, "ITERS": iters, "num_warps": warps})
     return best

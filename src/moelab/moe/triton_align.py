@@ -31,6 +31,15 @@ def _count_kernel(ids_ptr, counts_ptr, rank_ptr, sorted_ptr, N, MAXLEN, BLOCK: t
 
 
 @triton.jit
+def _segments(counts_ptr, E, BM: tl.constexpr, EB: tl.constexpr):
+    """Each expert's segment padded to a multiple of BM: (experts, their mask, padded sizes, ends)."""
+    e = tl.arange(0, EB)
+    em = e < E
+    padded = (tl.load(counts_ptr + e, mask=em, other=0) + BM - 1) // BM * BM
+    return e, em, padded, tl.cumsum(padded, 0)
+
+
+@triton.jit
 def _store_block_experts(expert_ids_ptr, b, ends, em, E, NUM_BLOCKS, BM: tl.constexpr):
     """expert of block b = number of experts whose padded segment ends at or before b*BM."""
     before = (ends[None, :] <= (b * BM)[:, None]) & em[None, :]  # [BB, EB]
@@ -40,11 +49,7 @@ def _store_block_experts(expert_ids_ptr, b, ends, em, E, NUM_BLOCKS, BM: tl.cons
 @triton.jit(do_not_specialize=["NUM_BLOCKS"])
 def _offsets_kernel(counts_ptr, starts_ptr, expert_ids_ptr, total_ptr, E, NUM_BLOCKS,
                     BM: tl.constexpr, EB: tl.constexpr, BB: tl.constexpr):
-    e = tl.arange(0, EB)
-    em = e < E
-    c = tl.load(counts_ptr + e, mask=em, other=0)
-    padded = (c + BM - 1) // BM * BM  # [EB]
-    ends = tl.cumsum(padded, 0)
+    e, em, padded, ends = _segments(counts_ptr, E, BM, EB)
     tl.store(starts_ptr + e, ends - padded, mask=em)
     tl.store(total_ptr, tl.sum(padded, 0))
     for b0 in range(0, NUM_BLOCKS, BB):
@@ -58,10 +63,7 @@ def _offsets_scatter_kernel(ids_ptr, counts_ptr, rank_ptr, expert_ids_ptr, total
     """Every program derives the expert offsets from the counts itself (E values), writes its share
     of the block->expert map and scatters its BLOCK pairs: one launch instead of two."""
     pid = tl.program_id(0)
-    e = tl.arange(0, EB)
-    em = e < E
-    padded = (tl.load(counts_ptr + e, mask=em, other=0) + BM - 1) // BM * BM
-    ends = tl.cumsum(padded, 0)
+    _, em, padded, ends = _segments(counts_ptr, E, BM, EB)
     if pid == 0:
         tl.store(total_ptr, tl.sum(padded, 0))
     for b0 in range(pid * BB, NUM_BLOCKS, tl.num_programs(0) * BB):

@@ -18,6 +18,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from moelab.moe.triton_kernels import stacked_rows
+
 # nvfp4 values are read as float32 * 2**-126 (see _row_products); activations are scaled by 2**64
 # so that products stay normal floats, and 2**62 restores the result.
 _NVFP4_ACT_SCALE = tl.constexpr(2.0 ** 64)
@@ -126,10 +128,7 @@ def moe_gemv_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, ids_ptr,
     pid_n = pid // num_pairs
     e = tl.load(ids_ptr + pair).to(tl.int64)
     a_ptr = x_ptr + (pair // TOPK).to(tl.int64) * stride_xm
-    r = tl.arange(0, 2 * BLOCK_N)
-    offs_n = pid_n * BLOCK_N + r % BLOCK_N
-    rows = offs_n + (r // BLOCK_N) * I  # gate rows, then up rows
-    nmask = offs_n < I
+    r, rows, nmask = stacked_rows(pid_n, I, BLOCK_N)
     w_base = w_ptr + e * stride_we
     s_base = s_ptr + e * stride_se
     if FMT == 3:

@@ -84,6 +84,15 @@ def _tile_dot(acc, a_rows, a_mask, w_base, s_base, offs_n, nmask, k0, K,
 
 
 @triton.jit
+def stacked_rows(pid_n, I, BLOCK_N: tl.constexpr):
+    """N-tile pid_n of w13 as 2*BLOCK_N rows: BLOCK_N gate rows n, then the up rows I + n.
+    Returns (r = arange(2*BLOCK_N), the rows, the mask n < I)."""
+    r = tl.arange(0, 2 * BLOCK_N)
+    offs_n = pid_n * BLOCK_N + r % BLOCK_N
+    return r, offs_n + (r // BLOCK_N) * I, offs_n < I
+
+
+@triton.jit
 def _pid_mn(num_m, num_n, GROUP_M: tl.constexpr):
     """Grouped program order: GROUP_M M-blocks share each weight N-tile while it is in L2."""
     pid = tl.program_id(0)
@@ -114,10 +123,7 @@ def moe_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, sorted_ptr, expert_ids_pt
     valid = pair < num_pairs
     tok = (pair // TOPK).to(tl.int64)
     e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    r = tl.arange(0, 2 * BLOCK_N)
-    offs_n = pid_n * BLOCK_N + r % BLOCK_N
-    rows = offs_n + (r // BLOCK_N) * I  # gate rows, then up rows
-    nmask = offs_n < I
+    _, rows, nmask = stacked_rows(pid_n, I, BLOCK_N)
     a_rows = x_ptr + tok * stride_xm
     w_base = w_ptr + e * stride_we
     s_base = s_ptr + e * stride_se

@@ -85,6 +85,8 @@ class TritonRunner(MoERunner):
         return sorted(seen.values())
 
     def __call__(self, x, topk_weights, topk_ids, w: ExpertWeights):
+        import triton
+
         from moelab.moe.triton_align import align_block_size
         from moelab.moe.triton_configs import get_config
         from moelab.moe.triton_kernels import moe_down_kernel, moe_sum_kernel, moe_up_kernel
@@ -108,13 +110,13 @@ class TritonRunner(MoERunner):
         y = torch.empty(n_pairs, H, dtype=x.dtype, device=x.device)  # [T*K, H]
         tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
 
-        grid_up = (num_m * triton_cdiv(I, up["BLOCK_N"]),)
+        grid_up = (num_m * triton.cdiv(I, up["BLOCK_N"]),)
         moe_up_kernel[grid_up](
             x, w13, s13, g13, act, sorted_ids, expert_ids, total,
             n_pairs, I, H, K, num_m, x.stride(0), act.stride(0),
             *_strides3(w13), *_strides3(s13),
             FMT=fmt, BSN=bsn, BSK=bsk, DOT_F32=_interpreting(), BLOCK_M=bm, **_launch_kwargs(up))
-        grid_down = (num_m * triton_cdiv(H, down["BLOCK_N"]),)
+        grid_down = (num_m * triton.cdiv(H, down["BLOCK_N"]),)
         moe_down_kernel[grid_down](
             act, w2, s2, g2, y, tw, sorted_ids, expert_ids, total,
             n_pairs, H, I, num_m, act.stride(0), y.stride(0),
@@ -123,8 +125,8 @@ class TritonRunner(MoERunner):
         if K == 1:
             return y
         out = torch.empty(T, H, dtype=x.dtype, device=x.device)
-        bh = min(1024, triton_next_pow2(H))
-        moe_sum_kernel[(T, triton_cdiv(H, bh))](y, out, T, H, TOPK=K, BLOCK_H=bh)  # top-k combine
+        bh = min(1024, triton.next_power_of_2(H))
+        moe_sum_kernel[(T, triton.cdiv(H, bh))](y, out, T, H, TOPK=K, BLOCK_H=bh)  # top-k combine
         return out
 
 
@@ -137,6 +139,8 @@ def _launch_kwargs(c: dict[str, Any]) -> dict[str, Any]:
 
 def _gemv(x, topk_weights, topk_ids, I, fmt, blk, up_ops, down_ops, up, down):
     """The decode path: act [T*K, I] per pair, then out [T, H] with the top-k combine fused."""
+    import triton
+
     from moelab.moe.triton_gemv import moe_gemv_down_kernel, moe_gemv_up_kernel
 
     T, H = x.shape
@@ -146,12 +150,12 @@ def _gemv(x, topk_weights, topk_ids, I, fmt, blk, up_ops, down_ops, up, down):
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     act = torch.empty(T * K, I, dtype=x.dtype, device=x.device)
     out = torch.empty(T, H, dtype=x.dtype, device=x.device)
-    moe_gemv_up_kernel[(T * K * triton_cdiv(I, up["BLOCK_N"]),)](
+    moe_gemv_up_kernel[(T * K * triton.cdiv(I, up["BLOCK_N"]),)](
         x, w13, s13, g13, act, ids, T * K, I, H, K, x.stride(0), act.stride(0),
         *_strides3(w13), *_strides3(s13), FMT=fmt, BSN=blk[0], BSK=blk[1], **_gemv_kwargs(up, H))
-    moe_gemv_down_kernel[(T * triton_cdiv(H, down["BLOCK_N"]),)](
+    moe_gemv_down_kernel[(T * triton.cdiv(H, down["BLOCK_N"]),)](
         act, w2, s2, g2, out, tw, ids, T, H, I, act.stride(0), out.stride(0), *_strides3(w2), *_strides3(s2),
-        TOPK=K, TOPK_P2=triton_next_pow2(K), FMT=fmt, BSN=blk[0], BSK=blk[1], **_gemv_kwargs(down, I))
+        TOPK=K, TOPK_P2=triton.next_power_of_2(K), FMT=fmt, BSN=blk[0], BSK=blk[1], **_gemv_kwargs(down, I))
     return out
 
 
@@ -163,10 +167,3 @@ def _gemv_kwargs(c: dict[str, Any], k: int) -> dict[str, Any]:
         kw["num_warps"] = c["num_warps"]
     return kw
 
-
-def triton_cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
-def triton_next_pow2(n: int) -> int:
-    return 1 << (n - 1).bit_length()
