@@ -10,7 +10,10 @@
 #   (second round, after the gemv path and the K-major NVFP4 tiles; configs from focused A/B runs)
 #   SKIP_TESTS=1 BACKENDS=grouped,triton REPS=30 TAG=final
 #   (third round, after the per-kernel sweep; configs from the method now in moe/tune.py)
-#   SKIP_TESTS=1 BACKENDS=grouped,triton REPS=20 TAG=final    -> bench/kernels_h200_table.txt
+#   SKIP_TESTS=1 BACKENDS=grouped,triton REPS=20 TAG=final
+#   (fourth round, after A8/SWAP_AB/SPLIT_M; configs from same-run A/B sweeps)
+#   SKIP_TESTS=1 BACKENDS=grouped,triton REPS=20 TAG=final TOKENS=1,16,64,256,512,1024,4096
+#     -> bench/kernels_h200_table.txt
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/kernels-out}; mkdir -p "$OUT"

@@ -126,9 +126,12 @@ for c in json.loads(sys.argv[1]):
            None: lambda: None}[c.get("path")]()
     for stage, tile in c.get("tiles", {}).items():
         cfg[stage].update(tile)
+    if "block_m" in c:
+        cfg["BLOCK_M"] = c["block_m"]
     out = TritonRunner(cfg)(x, tw, ids, w)
     ref = RUNNERS.create("reference")(x, tw, ids, w).float()
     res.append({"case": c, "dtype": str(out.dtype).removeprefix("torch."), "finite": bool(torch.isfinite(out).all()),
+                "counts": torch.bincount(ids.flatten().long(), minlength=E).tolist(),
                 "err": float((out.float() - ref).norm() / ref.norm())})
 print(json.dumps(res))
 """
@@ -153,6 +156,33 @@ def test_triton_kernel_matches_reference_in_interpreter():
     for r in _interpret(cases):
         print(f"triton (interpreter) {r['case']}: rel err {r['err']:.2e}")
         assert r["finite"] and r["err"] < 2e-2, r
+
+
+@pytest.mark.slow
+def test_swapped_and_split_tiles_match_reference_in_interpreter():
+    """SWAP_AB (weight rows on the dot's M axis) and SPLIT_M (a half-height tile for an M-block whose
+    rows fit in its first half) in both tiled kernels, every format. 100 tokens over 8 experts at
+    BLOCK_M=32 give expert segments whose last block has 1-16 rows (half tile) and 17-32 (full)."""
+    pytest.importorskip("triton")
+    both = {"SWAP_AB": True, "SPLIT_M": True}
+    cases = []
+    for fmt, block, shape in [("bf16", None, [8, 2, 64, 48]), ("fp8", None, [8, 2, 64, 48]),
+                              ("fp8", [128, 128], [4, 2, 256, 128]), ("nvfp4", None, [8, 2, 64, 48])]:
+        base = {"shape": shape, "fmt": fmt, "block": block, "path": "tiled", "block_m": 32}
+        small = {"BLOCK_N": 16, "BLOCK_K": 32}
+        cases += [{**base, "T": 100, "tiles": {"up": {**both, **small}, "down": {**both, **small}}},
+                  {**base, "T": 100, "tiles": {"up": {"SPLIT_M": True}, "down": {"SWAP_AB": True}}},
+                  {**base, "T": 3, "tiles": {"up": both, "down": both}}]
+        if fmt == "fp8":
+            a8 = {"A8": True, "BLOCK_N": 16, "BLOCK_K": 32}
+            cases += [{**base, "T": 100, "tiles": {"up": a8, "down": {**a8, "SWAP_AB": True}}},
+                      {**base, "T": 100, "tiles": {"up": {**a8, **both}, "down": {**a8, "SPLIT_M": True}}}]
+    for r in _interpret(cases):
+        print(f"triton swapped/split (interpreter) {r['case']}: rel err {r['err']:.2e}")
+        assert r["finite"] and r["err"] < 2e-2, r
+        if r["case"]["T"] == 100:  # both kinds of last block occur
+            tails = {c % 32 for c in r["counts"]}
+            assert tails & set(range(1, 17)) and tails & {0, *range(17, 32)}, r["counts"]
 
 
 # (fmt, block, shape): shapes not multiples of the tiles (K tails masked), block fp8 needs 128s
@@ -222,16 +252,18 @@ def test_tuner_search_space_holds_every_shipped_config():
     from moelab.moe.tune import block_m_candidates, gemv_tiles, tiled_tiles
 
     assert block_m_candidates(1, 128, 8) == [16] and block_m_candidates(4096, 128, 8) == [64, 128]
+    assert block_m_candidates(512, 128, 8) == [16, 32, 64] and block_m_candidates(512, 128, 8, "nvfp4")[-1] == 128
     files = sorted(CONFIG_DIR.glob("E=*.json"))
     assert files
     for f in files:
         E = int(f.name.split(",")[0].removeprefix("E="))
+        fmt = f.stem.split("fmt=")[1]
         for m, cfg in json.loads(f.read_text()).items():
             for stage in ("up", "down"):
-                pool = gemv_tiles(stage) if cfg.get("path") == "gemv" else tiled_tiles(cfg["BLOCK_M"], stage)
+                pool = gemv_tiles(stage) if cfg.get("path") == "gemv" else tiled_tiles(cfg["BLOCK_M"], stage, fmt)
                 assert cfg[stage] in pool, (f.name, m, stage)
             if cfg.get("path") != "gemv":
-                assert cfg["BLOCK_M"] in block_m_candidates(int(m), E, 8), (f.name, m)  # shipped: top-8 models
+                assert cfg["BLOCK_M"] in block_m_candidates(int(m), E, 8, fmt), (f.name, m)  # shipped: top-8 models
 
 
 def test_default_config_picks_gemv_for_few_pairs():

@@ -4,6 +4,7 @@ A tuned file lives in moe/configs/ and is named like vLLM's, plus the weight for
     E=128,N=768,device_name=NVIDIA_H200,fmt=bf16.json
 (N is the expert intermediate size I). It maps a token count M to one config of either path:
     tiled  {"BLOCK_M": 16, "up": {BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages}, "down": {...}}
+           (a tiled stage may add "SWAP_AB", "SPLIT_M" and "A8": true; see triton_kernels.py)
     gemv   {"path": "gemv", "up": {BLOCK_N, BLOCK_K, num_warps, num_stages}, "down": {...}}
 BLOCK_M is shared because both tiled GEMMs walk the same aligned row list; the gemv kernels
 (triton_gemv.py) need no alignment. At run time the nearest tuned M is used, with whatever path

@@ -13,6 +13,21 @@ columns and the high with its odd columns was 1.4-3.7x slower on an H200: stride
 scale tile reshaped along the dot's K axis.)
 Rows of the problem are the sorted (token, slot) pairs of `triton_align`; one program computes a
 [BLOCK_M, BLOCK_N] tile for the single expert that owns its M-block.
+
+Three switches per kernel, set by the launch config (measured on an H200, Qwen3-30B-A3B shapes):
+    A8       fp8 weights only: the activation tile goes to fp8 too, as a hi + lo pair of e4m3
+             tiles (_split_e4m3), so the dots run on fp8 tensor cores with no weight conversion
+             and about bf16's accuracy (relative error 3.4e-3 against 3.2e-3 for bf16
+             activations; one e4m3 tile alone gave 4.4e-2). With SWAP_AB at M-blocks of 16:
+             182 us against 207 at 64 tokens, 234 against 304 at 256. Slower from 1,024 tokens
+             on, where the per-step rescale of the partial product stalls the MMA pipeline.
+    SWAP_AB  the dot computes the transposed tile: weight rows on its M axis, token rows on N, so
+             an M-block of 16 rows still gets Hopper's wgmma (M >= 64 per warp group). Alone it
+             gained nothing (bf16 and fp8 within 5 %, NVFP4 up to 2.8x slower); A8 needs it.
+    SPLIT_M  an expert's last M-block whose rows fit in its first half computes a half-height
+             tile. Under uniform routing about a quarter of the rows at BLOCK_M=128 are padding:
+             2-4 % at 1,024-4,096 tokens (bf16 837 -> 806 us at 4,096), 13 % for NVFP4 at 1,024
+             together with BLOCK_M=128 (1,026 -> 891 us).
 """
 from __future__ import annotations
 
@@ -44,17 +59,61 @@ def _e2m1_hi(p):
 
 
 @triton.jit
+def _lo_scale(INTERP: tl.constexpr):
+    """How far the residual v - hi is scaled up before its own e4m3 cast: |v - hi| is at most half
+    an e4m3 step (2**-4 of |v|) when rounding to nearest. Triton's interpreter rounds to nearest
+    without carrying into the exponent (125.7 -> 64), so under it the casts truncate, the residual
+    can reach a whole step, and the scale is 8."""
+    if INTERP:
+        return 8.0
+    else:
+        return 16.0
+
+
+@triton.jit
+def _split_e4m3(a, AXIS: tl.constexpr, INTERP: tl.constexpr):
+    """a ~ (hi + lo / _lo_scale) * sa, with hi and lo float8e4nv and sa = amax / 448 per row
+    (reduced along AXIS, the tile's K axis). Padding rows (all zero) give zeros."""
+    v = a.to(tl.float32)
+    amax = tl.maximum(tl.max(tl.abs(v), axis=AXIS), 1e-30)
+    inv = 448.0 / amax
+    if AXIS == 0:
+        v = v * inv[None, :]
+    else:
+        v = v * inv[:, None]
+    if INTERP:
+        hi = v.to(tl.float8e4nv, fp_downcast_rounding="rtz")
+        lo = ((v - hi.to(tl.float32)) * _lo_scale(INTERP)).to(tl.float8e4nv, fp_downcast_rounding="rtz")
+        hi, lo = hi.to(tl.float32), lo.to(tl.float32)
+    else:
+        hi = v.to(tl.float8e4nv, fp_downcast_rounding="rtne")
+        lo = ((v - hi.to(tl.float32)) * _lo_scale(INTERP)).to(tl.float8e4nv, fp_downcast_rounding="rtne")
+    return hi, lo, amax / 448.0
+
+
+@triton.jit
+def _block_scales(s_base, offs_n, nmask, k0, stride_sn, stride_sk, BSN: tl.constexpr, BSK: tl.constexpr):
+    """fp8 block scales of rows offs_n at K offset k0 (the tile lies inside one K block)."""
+    return tl.load(s_base + (offs_n // BSN) * stride_sn + (k0 // BSK) * stride_sk, mask=nmask, other=0.0)
+
+
+@triton.jit
 def _tile_dot(acc, a_rows, a_mask, w_base, s_base, offs_n, nmask, k0, K,
               stride_wn, stride_wk, stride_sn, stride_sk,
               FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, BK: tl.constexpr,
-              DOT_F32: tl.constexpr):
-    """acc [BM, BN] += A[rows, k0:k0+BK] @ dequant(W[offs_n, k0:k0+BK])^T.
-
+              DOT_F32: tl.constexpr, SWAP: tl.constexpr, A8: tl.constexpr = False):
+    """acc [BM, BN] += A[rows, k0:k0+BK] @ dequant(W[offs_n, k0:k0+BK])^T, or with SWAP the
+    transposed product acc [BN, BM] += dequant(W) @ A^T; A8 (fp8 weights): see the module docstring.
     DOT_F32 runs the dot in float32 (Triton's CPU interpreter computes bf16 dots wrongly)."""
-    if FMT == 3:
-        offs_k = k0 + tl.arange(0, BK)
-        km = offs_k < K
+    offs_k = k0 + tl.arange(0, BK)
+    km = offs_k < K
+    if SWAP:
+        a = tl.load(a_rows[None, :] + offs_k[:, None], mask=a_mask[None, :] & km[:, None], other=0.0)  # [BK, BM]
+    else:
         a = tl.load(a_rows[:, None] + offs_k[None, :], mask=a_mask[:, None] & km[None, :], other=0.0)  # [BM, BK]
+    if DOT_F32:
+        a = a.to(tl.float32)
+    if FMT == 3:
         j = k0 // 2 + tl.arange(0, BK // 2)
         p = tl.load(w_base + offs_n[:, None] * stride_wn + j[None, :] * stride_wk,
                     mask=nmask[:, None] & (2 * j < K)[None, :], other=0).to(tl.int32)  # [BN, BK/2]
@@ -63,19 +122,49 @@ def _tile_dot(acc, a_rows, a_mask, w_base, s_base, offs_n, nmask, k0, K,
         s16 = tl.load(s_base + offs_n[:, None] * stride_sn + g[None, :] * stride_sk,
                       mask=nmask[:, None] & (g * 16 < K)[None, :], other=0.0).to(tl.float32) * 16384.0
         s = tl.reshape(tl.broadcast_to(s16[:, :, None], (p.shape[0], BK // 16, 16)), (p.shape[0], BK))
-        if DOT_F32:
-            a = a.to(tl.float32)
-        acc = tl.dot(a, tl.trans((w * s).to(a.dtype)), acc)
+        if SWAP:
+            acc = tl.dot((w * s).to(a.dtype), a, acc)
+        else:
+            acc = tl.dot(a, tl.trans((w * s).to(a.dtype)), acc)
+    elif A8:
+        # each row's K-slice, scaled by 448 / its amax, is hi = e4m3(v) plus lo = e4m3((v - hi) * L);
+        # two dots share the weight tile and hi + lo / L carries about 8 significant bits
+        hi, lo, sa = _split_e4m3(a, 0 if SWAP else 1, DOT_F32)
+        if SWAP:
+            w = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                        mask=nmask[:, None] & km[None, :], other=0.0)  # [BN, BK]
+            if DOT_F32:
+                w = w.to(tl.float32)
+            part = tl.dot(w, hi, tl.dot(w, lo) * (1.0 / _lo_scale(DOT_F32)))
+            scale = sa[None, :]
+            if FMT == 2:
+                scale = scale * tl.load(s_base + (offs_n // BSN) * stride_sn + (k0 // BSK) * stride_sk,
+                                        mask=nmask, other=0.0)[:, None]
+        else:
+            b = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
+                        mask=km[:, None] & nmask[None, :], other=0.0)  # [BK, BN]
+            if DOT_F32:
+                b = b.to(tl.float32)
+            part = tl.dot(hi, b, tl.dot(lo, b) * (1.0 / _lo_scale(DOT_F32)))
+            scale = sa[:, None]
+            if FMT == 2:
+                scale = scale * tl.load(s_base + (offs_n // BSN) * stride_sn + (k0 // BSK) * stride_sk,
+                                        mask=nmask, other=0.0)[None, :]
+        acc += part * scale
+    elif SWAP:
+        w = tl.load(w_base + offs_n[:, None] * stride_wn + offs_k[None, :] * stride_wk,
+                    mask=nmask[:, None] & km[None, :], other=0.0)  # [BN, BK]
+        if FMT == 2:
+            s = _block_scales(s_base, offs_n, nmask, k0, stride_sn, stride_sk, BSN, BSK)
+            w = (w.to(tl.float32) * s[:, None]).to(a.dtype)
+        else:
+            w = w.to(a.dtype)
+        acc = tl.dot(w, a, acc)
     else:
-        offs_k = k0 + tl.arange(0, BK)
-        km = offs_k < K
-        a = tl.load(a_rows[:, None] + offs_k[None, :], mask=a_mask[:, None] & km[None, :], other=0.0)  # [BM, BK]
         b = tl.load(w_base + offs_n[None, :] * stride_wn + offs_k[:, None] * stride_wk,
                     mask=km[:, None] & nmask[None, :], other=0.0)  # [BK, BN]
-        if DOT_F32:
-            a = a.to(tl.float32)
         if FMT == 2:
-            s = tl.load(s_base + (offs_n // BSN) * stride_sn + (k0 // BSK) * stride_sk, mask=nmask, other=0.0)
+            s = _block_scales(s_base, offs_n, nmask, k0, stride_sn, stride_sk, BSN, BSK)
             b = (b.to(tl.float32) * s[None, :]).to(a.dtype)
         else:
             b = b.to(a.dtype)
@@ -103,56 +192,141 @@ def _pid_mn(num_m, num_n, GROUP_M: tl.constexpr):
     return first_m + (pid % width) % size_m, (pid % width) // size_m
 
 
+@triton.jit
+def _program_block(expert_ids_ptr, w_ptr, s_ptr, num_m, num_n, stride_we, stride_se,
+                   BLOCK_M: tl.constexpr, GROUP_M: tl.constexpr):
+    """This program's (first sorted row, N-tile, expert, expert's weights, expert's scales)."""
+    pid_m, pid_n = _pid_mn(num_m, num_n, GROUP_M)
+    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+    return pid_m * BLOCK_M, pid_n, e, w_ptr + e * stride_we, s_ptr + e * stride_se
+
+
+@triton.jit
+def _up_block(x_ptr, w_base, s_base, g_ptr, out_ptr, sorted_ptr, e, row0, pid_n, num_pairs, I, H, TOPK,
+              stride_xm, stride_om, stride_wn, stride_wk, stride_sn, stride_sk,
+              FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr, A8: tl.constexpr,
+              BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One [BLOCK_M, BLOCK_N] output tile of moe_up_kernel, sorted rows row0.. of expert e."""
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + offs_m)
+    valid = pair < num_pairs
+    a_rows = x_ptr + (pair // TOPK).to(tl.int64) * stride_xm
+    _, rows, nmask = stacked_rows(pid_n, I, BLOCK_N)
+    if FMT == 3:
+        # nvfp4 keeps two [BLOCK_N, BLOCK_K] tiles: its dequantized tile lives in registers, and a
+        # stacked one at the same BLOCK_N took 1.8x longer on an H200 (64 tokens)
+        if SWAP:
+            acc_g = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+        else:
+            acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        acc_u = tl.zeros_like(acc_g)
+        gate_rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        gmask = gate_rows < I
+        for k0 in range(0, H, BLOCK_K):
+            acc_g = _tile_dot(acc_g, a_rows, valid, w_base, s_base, gate_rows, gmask, k0, H,
+                              stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32, SWAP, A8)
+            acc_u = _tile_dot(acc_u, a_rows, valid, w_base, s_base, gate_rows + I, gmask, k0, H,
+                              stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32, SWAP, A8)
+        gate = acc_g * tl.load(g_ptr + e * 2)  # global scales of gate and up
+        up = acc_u * tl.load(g_ptr + e * 2 + 1)
+    elif SWAP:
+        acc = tl.zeros((2 * BLOCK_N, BLOCK_M), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            acc = _tile_dot(acc, a_rows, valid, w_base, s_base, rows, nmask, k0, H,
+                            stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32, SWAP, A8)
+        if FMT == 1:
+            acc *= tl.load(s_base + rows * stride_sn, mask=nmask, other=0.0)[:, None]
+        gate, up = tl.split(tl.permute(tl.reshape(acc, (2, BLOCK_N, BLOCK_M)), (1, 2, 0)))
+    else:
+        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, H, BLOCK_K):
+            acc = _tile_dot(acc, a_rows, valid, w_base, s_base, rows, nmask, k0, H,
+                            stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32, SWAP, A8)
+        if FMT == 1:
+            acc *= tl.load(s_base + rows * stride_sn, mask=nmask, other=0.0)[None, :]
+        gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
+    h = (gate * tl.sigmoid(gate) * up).to(out_ptr.dtype.element_ty)  # SiLU(gate) * up, in fp32
+    offs_o = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if SWAP:
+        out = out_ptr + offs_m.to(tl.int64)[None, :] * stride_om + offs_o[:, None]
+        tl.store(out, h, mask=(offs_o < I)[:, None])
+    else:
+        out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_o[None, :]
+        tl.store(out, h, mask=(offs_o < I)[None, :])
+
+
+@triton.jit
+def _half_block(sorted_ptr, row0, num_pairs, BLOCK_M: tl.constexpr, SPLIT_M: tl.constexpr):
+    """Whether this M-block's real rows all sit in its first half (an expert's last block: the
+    rows of a segment come first, the sentinels after), so a BLOCK_M/2 tile covers them."""
+    if SPLIT_M:
+        return tl.load(sorted_ptr + row0 + BLOCK_M // 2) >= num_pairs
+    else:
+        return False
+
+
 @triton.jit(do_not_specialize=TOKEN_ARGS)
 def moe_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, sorted_ptr, expert_ids_ptr, total_ptr,
                   num_pairs, I, H, TOPK, num_m, stride_xm, stride_om,
                   stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                   FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, DOT_F32: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
+                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                  SWAP_AB: tl.constexpr = False, SPLIT_M: tl.constexpr = False, A8: tl.constexpr = False):
     """out[row, n] = silu(x[tok] . gate_e[n]) * (x[tok] . up_e[n]) for the sorted rows; out [maxlen, I].
 
     bf16 and fp8: the weight tile stacks BLOCK_N gate rows over the BLOCK_N matching up rows (rows
     n and I + n of w13), so each K step loads the activation tile once and runs one
-    [BLOCK_M, 2*BLOCK_N] dot.
+    [BLOCK_M, 2*BLOCK_N] dot (SWAP_AB: [2*BLOCK_N, BLOCK_M]). SWAP_AB, SPLIT_M, A8: see the module
+    docstring. The act rows SPLIT_M leaves unwritten are padding, which the down kernel never reads.
     """
-    pid_m, pid_n = _pid_mn(num_m, tl.cdiv(I, BLOCK_N), GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(total_ptr):
+    row0, pid_n, e, w_base, s_base = _program_block(expert_ids_ptr, w_ptr, s_ptr, num_m, tl.cdiv(I, BLOCK_N),
+                                                    stride_we, stride_se, BLOCK_M, GROUP_M)
+    if row0 >= tl.load(total_ptr):
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    if _half_block(sorted_ptr, row0, num_pairs, BLOCK_M, SPLIT_M):
+        _up_block(x_ptr, w_base, s_base, g_ptr, out_ptr, sorted_ptr, e, row0, pid_n, num_pairs, I, H, TOPK,
+                  stride_xm, stride_om, stride_wn, stride_wk, stride_sn, stride_sk,
+                  FMT, BSN, BSK, DOT_F32, SWAP_AB, A8, BLOCK_M // 2, BLOCK_N, BLOCK_K)
+    else:
+        _up_block(x_ptr, w_base, s_base, g_ptr, out_ptr, sorted_ptr, e, row0, pid_n, num_pairs, I, H, TOPK,
+                  stride_xm, stride_om, stride_wn, stride_wk, stride_sn, stride_sk,
+                  FMT, BSN, BSK, DOT_F32, SWAP_AB, A8, BLOCK_M, BLOCK_N, BLOCK_K)
+
+
+@triton.jit
+def _down_block(a_ptr, w_base, s_base, g_ptr, out_ptr, tw_ptr, sorted_ptr, e, row0, pid_n, num_pairs, H, I,
+                stride_am, stride_om, stride_wn, stride_wk, stride_sn, stride_sk,
+                FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr, A8: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """One [BLOCK_M, BLOCK_N] output tile of moe_down_kernel, sorted rows row0.. of expert e."""
+    offs_m = row0 + tl.arange(0, BLOCK_M)
     pair = tl.load(sorted_ptr + offs_m)
     valid = pair < num_pairs
-    tok = (pair // TOPK).to(tl.int64)
-    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    _, rows, nmask = stacked_rows(pid_n, I, BLOCK_N)
-    a_rows = x_ptr + tok * stride_xm
-    w_base = w_ptr + e * stride_we
-    s_base = s_ptr + e * stride_se
-    if FMT == 3:
-        # nvfp4 keeps two [BLOCK_N, BLOCK_K] tiles: its dequantized tile lives in registers, and a
-        # stacked one at the same BLOCK_N took 1.8x longer on an H200 (64 tokens)
-        acc_g = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        acc_u = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        gate_rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        gmask = gate_rows < I
-        for k0 in range(0, H, BLOCK_K):
-            acc_g = _tile_dot(acc_g, a_rows, valid, w_base, s_base, gate_rows, gmask, k0, H,
-                              stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
-            acc_u = _tile_dot(acc_u, a_rows, valid, w_base, s_base, gate_rows + I, gmask, k0, H,
-                              stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
-        gate = acc_g * tl.load(g_ptr + e * 2)  # global scales of gate and up
-        up = acc_u * tl.load(g_ptr + e * 2 + 1)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    nmask = offs_n < H
+    a_rows = a_ptr + offs_m.to(tl.int64) * stride_am
+    if SWAP:
+        acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     else:
-        acc = tl.zeros((BLOCK_M, 2 * BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, H, BLOCK_K):
-            acc = _tile_dot(acc, a_rows, valid, w_base, s_base, rows, nmask, k0, H,
-                            stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, I, BLOCK_K):
+        acc = _tile_dot(acc, a_rows, valid, w_base, s_base, offs_n, nmask, k0, I,
+                        stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32, SWAP, A8)
+    if FMT == 3:
+        acc *= tl.load(g_ptr + e)
+    tw = tl.load(tw_ptr + pair, mask=valid, other=0.0).to(tl.float32)  # router weight
+    if SWAP:
         if FMT == 1:
-            acc *= tl.load(s_base + rows * stride_sn, mask=nmask, other=0.0)[None, :]
-        gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N)), (0, 2, 1)))
-    h = gate * tl.sigmoid(gate) * up  # SiLU(gate) * up, in fp32
-    offs_o = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    out = out_ptr + offs_m.to(tl.int64)[:, None] * stride_om + offs_o[None, :]
-    tl.store(out, h.to(out_ptr.dtype.element_ty), mask=(offs_o < I)[None, :])
+            acc *= tl.load(s_base + offs_n * stride_sn, mask=nmask, other=0.0)[:, None]
+        acc *= tw[None, :]
+        out = out_ptr + pair.to(tl.int64)[None, :] * stride_om + offs_n[:, None]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[None, :] & nmask[:, None])
+    else:
+        if FMT == 1:
+            acc *= tl.load(s_base + offs_n * stride_sn, mask=nmask, other=0.0)[None, :]
+        acc *= tw[:, None]
+        out = out_ptr + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
+        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & nmask[None, :])
 
 
 @triton.jit(do_not_specialize=TOKEN_ARGS)
@@ -160,31 +334,22 @@ def moe_down_kernel(a_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr, sorted_ptr, exp
                     num_pairs, H, I, num_m, stride_am, stride_om,
                     stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                     FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, DOT_F32: tl.constexpr,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr):
-    """out[pair, n] = topk_w[pair] * (act[row] . down_e[n]); act [maxlen, I] sorted, out [T*K, H]."""
-    pid_m, pid_n = _pid_mn(num_m, tl.cdiv(H, BLOCK_N), GROUP_M)
-    if pid_m * BLOCK_M >= tl.load(total_ptr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+                    SWAP_AB: tl.constexpr = False, SPLIT_M: tl.constexpr = False, A8: tl.constexpr = False):
+    """out[pair, n] = topk_w[pair] * (act[row] . down_e[n]); act [maxlen, I] sorted, out [T*K, H].
+    SWAP_AB, SPLIT_M and A8 as in moe_up_kernel."""
+    row0, pid_n, e, w_base, s_base = _program_block(expert_ids_ptr, w_ptr, s_ptr, num_m, tl.cdiv(H, BLOCK_N),
+                                                    stride_we, stride_se, BLOCK_M, GROUP_M)
+    if row0 >= tl.load(total_ptr):
         return
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + offs_m)
-    valid = pair < num_pairs
-    e = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    nmask = offs_n < H
-    a_rows = a_ptr + offs_m.to(tl.int64) * stride_am
-    w_base = w_ptr + e * stride_we
-    s_base = s_ptr + e * stride_se
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k0 in range(0, I, BLOCK_K):
-        acc = _tile_dot(acc, a_rows, valid, w_base, s_base, offs_n, nmask, k0, I,
-                        stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32)
-    if FMT == 1:
-        acc *= tl.load(s_base + offs_n * stride_sn, mask=nmask, other=0.0)[None, :]
-    if FMT == 3:
-        acc *= tl.load(g_ptr + e)
-    acc *= tl.load(tw_ptr + pair, mask=valid, other=0.0).to(tl.float32)[:, None]  # router weight
-    out = out_ptr + pair.to(tl.int64)[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & nmask[None, :])
+    if _half_block(sorted_ptr, row0, num_pairs, BLOCK_M, SPLIT_M):
+        _down_block(a_ptr, w_base, s_base, g_ptr, out_ptr, tw_ptr, sorted_ptr, e, row0, pid_n, num_pairs, H, I,
+                    stride_am, stride_om, stride_wn, stride_wk, stride_sn, stride_sk,
+                    FMT, BSN, BSK, DOT_F32, SWAP_AB, A8, BLOCK_M // 2, BLOCK_N, BLOCK_K)
+    else:
+        _down_block(a_ptr, w_base, s_base, g_ptr, out_ptr, tw_ptr, sorted_ptr, e, row0, pid_n, num_pairs, H, I,
+                    stride_am, stride_om, stride_wn, stride_wk, stride_sn, stride_sk,
+                    FMT, BSN, BSK, DOT_F32, SWAP_AB, A8, BLOCK_M, BLOCK_N, BLOCK_K)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])

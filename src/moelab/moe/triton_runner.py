@@ -8,10 +8,12 @@ Intermediates:
 Gemv path (a config with "path": "gemv", the default at few tokens): two launches, no alignment,
 the top-k sum fused into the down kernel (triton_gemv.py); act [T*K, I] per pair.
 Both are free of host synchronisation, so a decode step can be captured in a CUDA graph. Quantized
-weights are read in their stored format and dequantized in registers (see triton_kernels.py).
+weights are read in their stored format and dequantized in registers (see triton_kernels.py); a
+tiled config may also run fp8 weights against fp8 activations ("A8", sm_89 and later).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any, ClassVar
@@ -100,6 +102,8 @@ class TritonRunner(MoERunner):
         up, down = dict(cfg["up"]), dict(cfg["down"])
         if fmt == _FMT_FP8_BLOCK:  # one k-scale per tile
             up["BLOCK_K"], down["BLOCK_K"] = min(up["BLOCK_K"], bsk), min(down["BLOCK_K"], bsk)
+        if fmt not in (_FMT_FP8_CH, _FMT_FP8_BLOCK) or not _fp8_dots(x.device):
+            up["A8"] = down["A8"] = False  # fp8 activations: fp8 weights and fp8 tensor cores only
         if cfg.get("path") == "gemv":
             return _gemv(x, topk_weights, topk_ids, I, fmt, (bsn, bsk), (w13, s13, g13), (w2, s2, g2), up, down)
         bm = cfg["BLOCK_M"]
@@ -130,8 +134,15 @@ class TritonRunner(MoERunner):
         return out
 
 
+@functools.lru_cache(maxsize=8)
+def _fp8_dots(device: torch.device) -> bool:
+    """Whether tl.dot takes float8 operands here: sm_89 (Ada) and later, or the interpreter."""
+    return _interpreting() or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9))
+
+
 def _launch_kwargs(c: dict[str, Any]) -> dict[str, Any]:
     kw = {k: c[k] for k in ("BLOCK_N", "BLOCK_K", "GROUP_M")}
+    kw.update(SWAP_AB=bool(c.get("SWAP_AB")), SPLIT_M=bool(c.get("SPLIT_M")), A8=bool(c.get("A8")))
     if not _interpreting():
         kw.update(num_warps=c["num_warps"], num_stages=c["num_stages"])
     return kw
