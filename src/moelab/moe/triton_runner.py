@@ -102,7 +102,7 @@ class TritonRunner(MoERunner):
         up, down = dict(cfg["up"]), dict(cfg["down"])
         if fmt == _FMT_FP8_BLOCK:  # one k-scale per tile
             up["BLOCK_K"], down["BLOCK_K"] = min(up["BLOCK_K"], bsk), min(down["BLOCK_K"], bsk)
-        if fmt not in (_FMT_FP8_CH, _FMT_FP8_BLOCK) or not _fp8_dots(x.device):
+        if fmt not in (_FMT_FP8_CH, _FMT_FP8_BLOCK) or not fp8_dots(x.device):
             up["A8"] = down["A8"] = False  # fp8 activations: fp8 weights and fp8 tensor cores only
         if cfg.get("path") == "gemv":
             return _gemv(x, topk_weights, topk_ids, I, fmt, (bsn, bsk), (w13, s13, g13), (w2, s2, g2), up, down)
@@ -135,7 +135,7 @@ class TritonRunner(MoERunner):
 
 
 @functools.lru_cache(maxsize=8)
-def _fp8_dots(device: torch.device) -> bool:
+def fp8_dots(device: torch.device) -> bool:
     """Whether tl.dot takes float8 operands here: sm_89 (Ada) and later, or the interpreter."""
     return _interpreting() or (device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9))
 

@@ -21,7 +21,7 @@ import torch
 
 from moelab.moe.bench import make_inputs, make_weights, time_calls
 from moelab.moe.triton_configs import device_name, get_config, save_tuned
-from moelab.moe.triton_runner import TritonRunner
+from moelab.moe.triton_runner import TritonRunner, fp8_dots
 
 # Past this the gemv path re-reads each expert's weights too often (on an H200 it still won for
 # nvfp4 at 512 pairs, where the tiled path's dequantization costs more than the re-reads).
@@ -41,19 +41,20 @@ def gemv_tiles(stage: str) -> list[dict]:
     return out
 
 
-def tiled_tiles(bm: int, stage: str, fmt: str = "bf16") -> list[dict]:
+def tiled_tiles(bm: int, stage: str, fmt: str = "bf16", a8: bool = True) -> list[dict]:
     """8 warps and 5 stages only for big M-blocks; 256-wide K steps only below 128 rows (shared
     memory); a 256-wide N-tile only for the down kernel (the up tile is already 2*BLOCK_N wide).
     fp8 at M-blocks of 16-32 rows also tries fp8 activations with the weight rows on the dot's M
     axis (A8 + SWAP_AB: on an H200 at 64 tokens, 182 against 207 us); M-blocks of 64 rows and
-    more also try the half-height tile for a mostly empty last block (SPLIT_M)."""
+    more also try the half-height tile for a mostly empty last block (SPLIT_M). a8=False (a GPU
+    before sm_89, whose tl.dot takes no fp8) leaves A8 out."""
     out = []
     bns = (32, 64, 128) + ((256,) if stage == "down" and bm >= 64 else ())
     for bn, bk, nw, ns in itertools.product(bns, (64, 128, 256), (4, 8), (3, 4, 5)):
         if (nw == 8 and bm < 64) or (ns == 5 and bm <= 32) or (bk == 256 and (bm >= 128 or ns == 5)):
             continue
         out.append({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns, "GROUP_M": 1 if bm <= 32 else 8})
-    if fmt == "fp8" and bm <= 32:
+    if fmt == "fp8" and bm <= 32 and a8:
         out += [{**t, "SWAP_AB": True, "A8": True} for t in out]
     if bm >= 64:
         out += [{**t, "SPLIT_M": True} for t in out]
@@ -133,6 +134,7 @@ def tune(spec: dict, emit: Callable[[dict[str, Any]], None]) -> None:
     fmt = spec["format"]
     n = spec.get("max_candidates")
     w = make_weights(E, H, I, fmt, dev, 0, spec.get("block"))
+    a8 = fp8_dots(dev)  # A8 candidates only where tl.dot takes fp8
     path = None
     for T in spec["tokens"]:
         inputs = make_inputs(T, E, K, H, 8, dev, seed=T)
@@ -145,7 +147,7 @@ def tune(spec: dict, emit: Callable[[dict[str, Any]], None]) -> None:
                 results.append(("gemv", _whole_us(cfg, w, inputs), cfg, per))
         for bm in block_m_candidates(T, E, K, fmt):
             cfg, per = best_pair(lambda u, d, bm=bm: {"BLOCK_M": bm, "up": u, "down": d},
-                                 thin(tiled_tiles(bm, "up", fmt), n), thin(tiled_tiles(bm, "down", fmt), n), w, inputs)
+                                 thin(tiled_tiles(bm, "up", fmt, a8), n), thin(tiled_tiles(bm, "down", fmt, a8), n), w, inputs)
             if cfg:
                 results.append((f"tiled BLOCK_M={bm}", _whole_us(cfg, w, inputs), cfg, per))
         name, us, best, per = min(results, key=lambda r: r[1])
