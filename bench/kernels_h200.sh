@@ -51,7 +51,7 @@ f = lambda v, s: "-" if v is None else format(v, s)
 for r in d["rows"]:
     print(f"{r['backend']:9} {r['format']:6} {r['tokens']:>5} {f(r.get('time_us'),'9.1f')} {f(r.get('roofline_us'),'8.1f')} "
           f"{f(r.get('pct_roofline'),'6.0f')} {f(r.get('speedup_vs_grouped'),'7.2f')} {f(r.get('rel_err'),'8.1e')} "
-          f"{f(r.get('mem_mib'),'7.1f')} {r['cause']} {r.get('evidence','')[:80]}")
+          f"{f(r.get('mem_mib'),'7.1f')} {r['cause']} {r.get('launch') or ''} {r.get('evidence','')[:80]}")
 for t in d.get("tuned", []):
     print("tuned", json.dumps(t)[:300])
 PY

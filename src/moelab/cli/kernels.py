@@ -154,14 +154,14 @@ def _print_table(doc: dict) -> None:
     s = doc["shape"]
     t = Table(title=f"MoE layer {s['name']} (E={s['E']}, top-{s['K']}, H={s['H']}, I={s['I']}) on {doc['device']}")
     for col in ("backend", "format", "tokens", "time µs", "roofline µs", "% roofline", "vs grouped",
-                "rel err", "mem MiB", "verdict"):
-        t.add_column(col, justify="left" if col in ("backend", "format", "verdict") else "right")
+                "rel err", "mem MiB", "launch", "verdict"):
+        t.add_column(col, justify="left" if col in ("backend", "format", "launch", "verdict") else "right")
     for r in doc["rows"]:
         verdict = r["cause"] if r["cause"] == "ok" else f"[red]{r['cause']}[/] {r.get('evidence', '')[:60]}"
         t.add_row(r["backend"], r["format"], str(r["tokens"]), _fmt(r.get("time_us"), ".1f"),
                   _fmt(r.get("roofline_us"), ".1f", "unknown"), _fmt(r.get("pct_roofline"), ".0f"),
                   _fmt(r.get("speedup_vs_grouped"), ".2f"), _fmt(r.get("rel_err"), ".1e"),
-                  _fmt(r.get("mem_mib"), ".1f"), verdict)
+                  _fmt(r.get("mem_mib"), ".1f"), r.get("launch") or "", verdict)
     from rich.console import Console
 
     # a pipe gets rich's 80 columns by default; this table needs more to stay readable

@@ -60,6 +60,11 @@ class MoERunner(ABC):
         to `max_tokens` tokens. Powers of two unless a backend knows better."""
         return [1 << i for i in range(max_tokens.bit_length()) if 1 << i <= max_tokens]
 
+    def launch_label(self, T: int, w: ExpertWeights, top_k: int) -> str | None:
+        """A few words on how a call of T tokens is launched (a tuned kernel's path and switches),
+        shown next to its timing by `moelab kernels`; None when there is nothing to say."""
+        return None
+
     @abstractmethod
     def __call__(
         self,

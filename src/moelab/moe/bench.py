@@ -162,7 +162,8 @@ def run(spec: dict) -> None:
         roof = roofline_us(bytes_, flops, spec.get("copy_bw_bytes_s"), spec.get("bf16_flops_s"))
         emit({"kind": "row", "backend": backend, "format": fmt, "tokens": T, "time_us": us, "graph": graphed,
               "rel_err": err, "cause": cause, "mem_mib": mem, "experts_touched": touched,
-              "bytes": bytes_, "flops": flops, "roofline_us": roof, "timing": "cuda-graph" if graphed else
+              "bytes": bytes_, "flops": flops, "roofline_us": roof, "launch": runner.launch_label(T, w, K),
+              "timing": "cuda-graph" if graphed else
               ("cuda-events" if dev.type == "cuda" else "wall-clock")})
 
 

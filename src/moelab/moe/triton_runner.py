@@ -86,6 +86,23 @@ class TritonRunner(MoERunner):
             seen.setdefault(key, T)
         return sorted(seen.values())
 
+    def launch_label(self, T: int, w: ExpertWeights, top_k: int) -> str:
+        """"gemv", or "tiled M<BLOCK_M>" plus the switches in use, e.g. "tiled M16 A8 SWAP_AB"
+        (per stage when the two kernels differ: "tiled M128 up:SPLIT_M")."""
+        from moelab.moe.triton_configs import get_config
+
+        E, H, I = w.shape
+        cfg = self.config or get_config(T, E, top_k, H, I, w.fmt)
+        if cfg.get("path") == "gemv":
+            return "gemv"
+        a8 = w.fmt == "fp8"  # the runner drops A8 for other formats
+        flags = {st: [k for k in ("A8", "SWAP_AB", "SPLIT_M") if cfg[st].get(k) and (k != "A8" or a8)]
+                 for st in ("up", "down")}
+        label = f"tiled M{cfg['BLOCK_M']}"
+        if flags["up"] == flags["down"]:
+            return " ".join([label, *flags["up"]])
+        return " ".join([label] + [f"{st}:{'+'.join(f)}" for st, f in flags.items() if f])
+
     def __call__(self, x, topk_weights, topk_ids, w: ExpertWeights):
         import triton
 
