@@ -309,11 +309,13 @@ def test_get_config_honours_a_tuned_file_mixing_both_paths(tmp_path, monkeypatch
     monkeypatch.setenv("MOELAB_MOE_CONFIG_DIR", str(tmp_path))
     tc.load_tuned.cache_clear()
     try:
-        tc.save_tuned(E, I, "bf16", tc.device_name(), {1: gemv, 4: tiled, 100: gemv})
+        tc.save_tuned(E, I, "bf16", tc.device_name(), {1: gemv, 4: tiled, 100: gemv, 250: gemv})
         assert tc.get_config(1, E, K, H, I, "bf16") == gemv
         assert tc.get_config(3, E, K, H, I, "bf16") == tiled  # nearest is 4: tuned tiled wins over default gemv
         assert tc.get_config(120, E, K, H, I, "bf16") == gemv  # tuned gemv wins over default tiled
         assert "path" not in tc.get_config(1000, E, K, H, I, "bf16")  # too far from any tuned M: default
+        assert tc.get_config(250, E, K, H, I, "bf16") == gemv  # 500 pairs: within the gemv range
+        assert "path" not in tc.get_config(300, E, K, H, I, "bf16")  # 600 pairs: past it, the default
     finally:
         tc.load_tuned.cache_clear()
 

@@ -54,6 +54,10 @@ def load_tuned(E: int, I: int, fmt: str, device: str) -> dict[int, dict[str, Any
 # 2.3x (fp8) the tiled time.
 # A tuned file records the faster path per token count.
 GEMV_MAX_PAIRS = 64
+# The tuner tries the gemv path up to this many pairs: past it each expert's weights are re-read too
+# often (on an H200 it still won for nvfp4 at 512 pairs, where the tiled path's dequantization costs
+# more than the re-reads). A tuned gemv entry is not reused past it either.
+GEMV_TUNE_MAX_PAIRS = 512
 
 
 def default_config(M: int, E: int, K: int, H: int, I: int, fmt: str) -> dict[str, Any]:
@@ -85,9 +89,12 @@ def get_config(M: int, E: int, K: int, H: int, I: int, fmt: str) -> dict[str, An
     if tuned:
         near = min(tuned, key=lambda m: abs(m - M))
         # vLLM uses the nearest key at any distance; a config tuned for 64 tokens is a poor
-        # guess at 1024 (seen: fp8 2x slower), so beyond a factor of 2 the default wins
-        if max(near, M) <= 2 * min(near, M):
-            return tuned[near]
+        # guess at 1024 (seen: fp8 2x slower), so beyond a factor of 2 the default wins, and so it
+        # does past the gemv path's range (seen: NVFP4 at 128 tokens ran its 64-token gemv entry
+        # at 931 us, the default tiles at 542)
+        cfg = tuned[near]
+        if max(near, M) <= 2 * min(near, M) and not (cfg.get("path") == "gemv" and M * K > GEMV_TUNE_MAX_PAIRS):
+            return cfg
     return default_config(M, E, K, H, I, fmt)
 
 

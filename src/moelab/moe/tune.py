@@ -21,12 +21,9 @@ from typing import Any, Callable
 import torch
 
 from moelab.moe.bench import make_inputs, make_weights, time_calls
-from moelab.moe.triton_configs import device_name, get_config, save_tuned
+from moelab.moe.triton_configs import GEMV_TUNE_MAX_PAIRS, device_name, get_config, save_tuned
 from moelab.moe.triton_runner import TritonRunner, fp8_dots
 
-# Past this the gemv path re-reads each expert's weights too often (on an H200 it still won for
-# nvfp4 at 512 pairs, where the tiled path's dequantization costs more than the re-reads).
-GEMV_TUNE_MAX_PAIRS = 512
 KERNELS = {"up": ("moe_gemv_up_kernel", "moe_up_kernel"), "down": ("moe_gemv_down_kernel", "moe_down_kernel")}
 
 
