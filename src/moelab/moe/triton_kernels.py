@@ -26,7 +26,7 @@ Three switches per kernel, set by the launch config (measured on an H200, Qwen3-
              gained nothing (bf16 and fp8 within 5 %, NVFP4 up to 2.8x slower); A8 needs it.
     SPLIT_M  an expert's last M-block whose rows fit in its first half computes a half-height
              tile. Under uniform routing about a quarter of the rows at BLOCK_M=128 are padding:
-             2-4 % at 1,024-4,096 tokens (bf16 837 -> 806 us at 4,096), 13 % for NVFP4 at 1,024
+             0-4 % at 1,024-4,096 tokens (bf16 837 -> 806 us at 4,096), 13 % for NVFP4 at 1,024
              together with BLOCK_M=128 (1,026 -> 891 us).
 """
 from __future__ import annotations
