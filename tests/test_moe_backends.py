@@ -266,20 +266,29 @@ def test_tuner_search_space_holds_every_shipped_config():
                 assert cfg["BLOCK_M"] in block_m_candidates(int(m), E, 8, fmt), (f.name, m)  # shipped: top-8 models
 
 
-def test_launch_label_names_the_path_and_switches():
+def test_launch_label_names_the_path_and_switches(monkeypatch):
     """`moelab kernels` prints it next to each triton timing, so a reader sees which rows ran fp8
-    activations (A8) and which the gemv path."""
+    activations (A8) and which the gemv path. It names what is launched on the weights' device:
+    A8 needs fp8 weights and a tl.dot that takes fp8 (sm_89 and later, or Triton's interpreter)."""
     from moelab.moe.bench import make_weights
     from moelab.moe.triton_configs import gemv_config
-    from moelab.moe.triton_runner import TritonRunner
+    from moelab.moe.triton_runner import TritonRunner, fp8_dots
 
     bf16 = make_weights(8, 64, 32, "bf16", torch.device("cpu"), 0)
     fp8 = make_weights(8, 64, 32, "fp8", torch.device("cpu"), 0)
     tile = {"BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3, "GROUP_M": 1}
     both = {"BLOCK_M": 16, "up": {**tile, "A8": True, "SWAP_AB": True}, "down": {**tile, "A8": True, "SWAP_AB": True}}
     assert TritonRunner(gemv_config()).launch_label(1, fp8, 2) == "gemv"
-    assert TritonRunner(both).launch_label(64, fp8, 2) == "tiled M16 A8 SWAP_AB"
-    assert TritonRunner(both).launch_label(64, bf16, 2) == "tiled M16 SWAP_AB"  # A8 is for fp8 weights only
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fp8_dots.cache_clear()
+    try:
+        assert TritonRunner(both).launch_label(64, fp8, 2) == "tiled M16 A8 SWAP_AB"
+        assert TritonRunner(both).launch_label(64, bf16, 2) == "tiled M16 SWAP_AB"  # A8 is for fp8 weights only
+        monkeypatch.delenv("TRITON_INTERPRET")
+        fp8_dots.cache_clear()
+        assert TritonRunner(both).launch_label(64, fp8, 2) == "tiled M16 SWAP_AB"  # a CPU's tl.dot takes no fp8
+    finally:
+        fp8_dots.cache_clear()
     split_up = {"BLOCK_M": 128, "up": {**tile, "SPLIT_M": True}, "down": tile}
     assert TritonRunner(split_up).launch_label(4096, bf16, 2) == "tiled M128 up:SPLIT_M"
     assert TritonRunner().launch_label(1, bf16, 2) == "gemv"  # no tuned file on a CPU: the default

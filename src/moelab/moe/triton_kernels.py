@@ -202,14 +202,20 @@ def _program_block(expert_ids_ptr, w_ptr, s_ptr, num_m, num_n, stride_we, stride
 
 
 @triton.jit
+def _block_rows(sorted_ptr, row0, num_pairs, BLOCK_M: tl.constexpr):
+    """The M-block's sorted rows, their (token, slot) pairs, and which rows are pairs, not padding."""
+    offs_m = row0 + tl.arange(0, BLOCK_M)
+    pair = tl.load(sorted_ptr + offs_m)
+    return offs_m, pair, pair < num_pairs
+
+
+@triton.jit
 def _up_block(x_ptr, w_base, s_base, g_ptr, out_ptr, sorted_ptr, e, row0, pid_n, num_pairs, I, H, TOPK,
               stride_xm, stride_om, stride_wn, stride_wk, stride_sn, stride_sk,
               FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr, A8: tl.constexpr,
               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One [BLOCK_M, BLOCK_N] output tile of moe_up_kernel, sorted rows row0.. of expert e."""
-    offs_m = row0 + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + offs_m)
-    valid = pair < num_pairs
+    offs_m, pair, valid = _block_rows(sorted_ptr, row0, num_pairs, BLOCK_M)
     a_rows = x_ptr + (pair // TOPK).to(tl.int64) * stride_xm
     _, rows, nmask = stacked_rows(pid_n, I, BLOCK_N)
     if FMT == 3:
@@ -299,9 +305,7 @@ def _down_block(a_ptr, w_base, s_base, g_ptr, out_ptr, tw_ptr, sorted_ptr, e, ro
                 FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, DOT_F32: tl.constexpr, SWAP: tl.constexpr, A8: tl.constexpr,
                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
     """One [BLOCK_M, BLOCK_N] output tile of moe_down_kernel, sorted rows row0.. of expert e."""
-    offs_m = row0 + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_ptr + offs_m)
-    valid = pair < num_pairs
+    offs_m, pair, valid = _block_rows(sorted_ptr, row0, num_pairs, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     nmask = offs_n < H
     a_rows = a_ptr + offs_m.to(tl.int64) * stride_am

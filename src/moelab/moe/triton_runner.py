@@ -72,16 +72,32 @@ class TritonRunner(MoERunner):
             return "the triton MoE runner needs the triton package, which is not installed"
         return None
 
+    def _config(self, T: int, w: ExpertWeights, top_k: int) -> dict[str, Any]:
+        from moelab.moe.triton_configs import get_config
+
+        E, H, I = w.shape
+        return self.config or get_config(T, E, top_k, H, I, w.fmt)
+
+    def _launch(self, T: int, w: ExpertWeights, top_k: int) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The config for T tokens and its two stages as launched: fp8 block scales cap BLOCK_K (one
+        k-scale per tile), and A8 holds only for fp8 weights on a device whose tl.dot takes fp8."""
+        cfg = self._config(T, w, top_k)
+        up, down = dict(cfg["up"]), dict(cfg["down"])
+        fmt, (_, bsk), (w13, _, _), _ = _operands(w)
+        if fmt == _FMT_FP8_BLOCK:
+            up["BLOCK_K"], down["BLOCK_K"] = min(up["BLOCK_K"], bsk), min(down["BLOCK_K"], bsk)
+        if fmt not in (_FMT_FP8_CH, _FMT_FP8_BLOCK) or not fp8_dots(w13.device):
+            up["A8"] = down["A8"] = False
+        return cfg, up, down
+
     def warm_token_counts(self, max_tokens: int, w: ExpertWeights, top_k: int) -> list[int]:
         """One token count per distinct compiled variant: launch config x alignment path (the kernels'
         token-count arguments are not specialised, so nothing else varies)."""
         from moelab.moe.triton_align import ONE_PROGRAM_MAX_PAIRS
-        from moelab.moe.triton_configs import get_config
 
-        E, H, I = w.shape
         seen: dict[str, int] = {}
         for T in range(1, max_tokens + 1):
-            cfg = self.config or get_config(T, E, top_k, H, I, w.fmt)
+            cfg = self._config(T, w, top_k)
             key = json.dumps(cfg, sort_keys=True) + str(T * top_k <= ONE_PROGRAM_MAX_PAIRS)
             seen.setdefault(key, T)
         return sorted(seen.values())
@@ -89,15 +105,10 @@ class TritonRunner(MoERunner):
     def launch_label(self, T: int, w: ExpertWeights, top_k: int) -> str:
         """"gemv", or "tiled M<BLOCK_M>" plus the switches in use, e.g. "tiled M16 A8 SWAP_AB"
         (per stage when the two kernels differ: "tiled M128 up:SPLIT_M")."""
-        from moelab.moe.triton_configs import get_config
-
-        E, H, I = w.shape
-        cfg = self.config or get_config(T, E, top_k, H, I, w.fmt)
+        cfg, up, down = self._launch(T, w, top_k)
         if cfg.get("path") == "gemv":
             return "gemv"
-        a8 = w.fmt == "fp8"  # the runner drops A8 for other formats
-        flags = {st: [k for k in ("A8", "SWAP_AB", "SPLIT_M") if cfg[st].get(k) and (k != "A8" or a8)]
-                 for st in ("up", "down")}
+        flags = {st: [k for k in ("A8", "SWAP_AB", "SPLIT_M") if tile.get(k)] for st, tile in (("up", up), ("down", down))}
         label = f"tiled M{cfg['BLOCK_M']}"
         if flags["up"] == flags["down"]:
             return " ".join([label, *flags["up"]])
@@ -107,7 +118,6 @@ class TritonRunner(MoERunner):
         import triton
 
         from moelab.moe.triton_align import align_block_size
-        from moelab.moe.triton_configs import get_config
         from moelab.moe.triton_kernels import moe_down_kernel, moe_sum_kernel, moe_up_kernel
 
         T, H = x.shape
@@ -115,12 +125,7 @@ class TritonRunner(MoERunner):
         E, _, I = w.shape
         x = x.contiguous()
         fmt, (bsn, bsk), (w13, s13, g13), (w2, s2, g2) = _operands(w)
-        cfg = self.config or get_config(T, E, K, H, I, w.fmt)
-        up, down = dict(cfg["up"]), dict(cfg["down"])
-        if fmt == _FMT_FP8_BLOCK:  # one k-scale per tile
-            up["BLOCK_K"], down["BLOCK_K"] = min(up["BLOCK_K"], bsk), min(down["BLOCK_K"], bsk)
-        if fmt not in (_FMT_FP8_CH, _FMT_FP8_BLOCK) or not fp8_dots(x.device):
-            up["A8"] = down["A8"] = False  # fp8 activations: fp8 weights and fp8 tensor cores only
+        cfg, up, down = self._launch(T, w, K)
         if cfg.get("path") == "gemv":
             return _gemv(x, topk_weights, topk_ids, I, fmt, (bsn, bsk), (w13, s13, g13), (w2, s2, g2), up, down)
         bm = cfg["BLOCK_M"]
