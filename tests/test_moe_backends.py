@@ -108,8 +108,8 @@ def test_resolve_runner_auto_and_refusals():
 _INTERP = r"""
 import json, sys, torch
 from moelab.moe import RUNNERS, quantize_experts
-from moelab.moe.triton_configs import gemv_config, tiled_config
-from moelab.moe.triton_runner import TritonRunner
+from moelab.moe.triton_configs import fused_config, gemv_config, tiled_config
+from moelab.moe.triton_runner import TritonRunner, _workspaces
 res = []
 for c in json.loads(sys.argv[1]):
     E, K, H, I = c["shape"]
@@ -122,15 +122,18 @@ for c in json.loads(sys.argv[1]):
     if "ids" in c:  # fixed routing, as int32 like the model's
         ids = torch.tensor(c["ids"], dtype=torch.int32)
     w = quantize_experts(w13, w2, fmt, **({"block": tuple(block)} if block else {}))
-    cfg = {"tiled": lambda: tiled_config(T, E, K, H, I, fmt), "gemv": gemv_config,
+    cfg = {"tiled": lambda: tiled_config(T, E, K, H, I, fmt), "gemv": gemv_config, "fused": fused_config,
            None: lambda: None}[c.get("path")]()
     for stage, tile in c.get("tiles", {}).items():
         cfg[stage].update(tile)
+    cfg = {**cfg, **c.get("fused", {})}
     if "block_m" in c:
         cfg["BLOCK_M"] = c["block_m"]
-    out = TritonRunner(cfg)(x, tw, ids, w)
+    for _ in range(c.get("calls", 1)):  # the fused path's workspace must come back zeroed each time
+        out = TritonRunner(cfg)(x, tw, ids, w)
     ref = RUNNERS.create("reference")(x, tw, ids, w).float()
     res.append({"case": c, "dtype": str(out.dtype).removeprefix("torch."), "finite": bool(torch.isfinite(out).all()),
+                "dirty": sum(int(t.count_nonzero()) for ws in _workspaces.values() for t in ws),
                 "counts": torch.bincount(ids.flatten().long(), minlength=E).tolist(),
                 "err": float((out.float() - ref).norm() / ref.norm())})
 print(json.dumps(res))
@@ -210,6 +213,27 @@ def test_gemv_path_matches_reference_in_interpreter():
         assert r["err"] < (1e-5 if c.get("x") == "float32" else 2e-2), r
 
 
+@pytest.mark.slow
+def test_fused_path_matches_reference_in_interpreter():
+    """The one-launch kernel in every format: 1 and 3 tokens, a shared expert (int32 ids), I-blocks
+    that leave a tail, several H blocks; called three times in a row, each answer must match and the
+    shared workspace must be left zeroed (the last program of each token clears its row)."""
+    pytest.importorskip("triton")
+    small = {"BLOCK_I": 16, "BLOCK_K": 32, "BLOCK_H": 32}
+    cases = []
+    for fmt, block, shape in _GEMV_FORMATS:
+        base = {"shape": shape, "fmt": fmt, "block": block, "path": "fused", "calls": 3}
+        cases += [{**base, "T": 1, "x": "float32"}, {**base, "T": 3},
+                  {**base, "T": 3, "fused": small, "x": "float32"},
+                  {**base, "T": 3, "ids": [[1, 3], [3, 0], [2, 3]], "fused": small, "x": "float32"}]
+    for r in _interpret(cases):
+        c = r["case"]
+        print(f"triton fused (interpreter) {c}: rel err {r['err']:.2e}")
+        assert r["finite"] and r["dtype"] == c.get("x", "bfloat16") and r["dirty"] == 0, r
+        # the activation is rounded to x's dtype between the GEMMs, like the two-launch paths
+        assert r["err"] < (1e-5 if c.get("x") == "float32" else 2e-2), r
+
+
 _ALIGN = r"""
 import json, sys, torch
 from moelab.moe.triton_align import align_block_size
@@ -249,7 +273,7 @@ def test_tuner_search_space_holds_every_shipped_config():
     """`moelab kernels --tune` can reproduce the shipped H200 files: every tile in them is one of
     the tuner's candidates for its path, stage and BLOCK_M, and each BLOCK_M is one it tries."""
     from moelab.moe.triton_configs import CONFIG_DIR
-    from moelab.moe.tune import block_m_candidates, gemv_tiles, tiled_tiles
+    from moelab.moe.tune import block_m_candidates, fused_tiles, gemv_tiles, tiled_tiles
 
     assert block_m_candidates(1, 128, 8) == [16] and block_m_candidates(4096, 128, 8) == [64, 128]
     assert block_m_candidates(512, 128, 8) == [16, 32, 64] and block_m_candidates(512, 128, 8, "nvfp4")[-1] == 128
@@ -259,6 +283,9 @@ def test_tuner_search_space_holds_every_shipped_config():
         E = int(f.name.split(",")[0].removeprefix("E="))
         fmt = f.stem.split("fmt=")[1]
         for m, cfg in json.loads(f.read_text()).items():
+            if cfg.get("path") == "fused":
+                assert cfg in fused_tiles(fmt), (f.name, m)
+                continue
             for stage in ("up", "down"):
                 pool = gemv_tiles(stage) if cfg.get("path") == "gemv" else tiled_tiles(cfg["BLOCK_M"], stage, fmt)
                 assert cfg[stage] in pool, (f.name, m, stage)
@@ -271,7 +298,7 @@ def test_launch_label_names_the_path_and_switches(monkeypatch):
     activations (A8) and which the gemv path. It names what is launched on the weights' device:
     A8 needs fp8 weights and a tl.dot that takes fp8 (sm_89 and later, or Triton's interpreter)."""
     from moelab.moe.bench import make_weights
-    from moelab.moe.triton_configs import gemv_config
+    from moelab.moe.triton_configs import fused_config, gemv_config
     from moelab.moe.triton_runner import TritonRunner, fp8_dots
 
     bf16 = make_weights(8, 64, 32, "bf16", torch.device("cpu"), 0)
@@ -279,6 +306,7 @@ def test_launch_label_names_the_path_and_switches(monkeypatch):
     tile = {"BLOCK_N": 32, "BLOCK_K": 64, "num_warps": 4, "num_stages": 3, "GROUP_M": 1}
     both = {"BLOCK_M": 16, "up": {**tile, "A8": True, "SWAP_AB": True}, "down": {**tile, "A8": True, "SWAP_AB": True}}
     assert TritonRunner(gemv_config()).launch_label(1, fp8, 2) == "gemv"
+    assert TritonRunner(fused_config()).launch_label(1, fp8, 2) == "fused"
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     fp8_dots.cache_clear()
     try:

@@ -6,6 +6,7 @@ A tuned file lives in moe/configs/ and is named like vLLM's, plus the weight for
     tiled  {"BLOCK_M": 16, "up": {BLOCK_N, BLOCK_K, GROUP_M, num_warps, num_stages}, "down": {...}}
            (a tiled stage may add "SWAP_AB", "SPLIT_M" and "A8": true; see triton_kernels.py)
     gemv   {"path": "gemv", "up": {BLOCK_N, BLOCK_K, num_warps, num_stages}, "down": {...}}
+    fused  {"path": "fused", BLOCK_I, BLOCK_K, BLOCK_H, num_warps, num_stages}  (one kernel)
 BLOCK_M is shared because both tiled GEMMs walk the same aligned row list; the gemv kernels
 (triton_gemv.py) need no alignment. At run time the nearest tuned M is used, with whatever path
 it records; without a file, `default_config` applies. `moelab kernels --tune` writes files.
@@ -58,6 +59,9 @@ GEMV_MAX_PAIRS = 64
 # often (on an H200 it still won for nvfp4 at 512 pairs, where the tiled path's dequantization costs
 # more than the re-reads). A tuned gemv entry is not reused past it either.
 GEMV_TUNE_MAX_PAIRS = 512
+# The tuner tries the one-launch fused kernel up to this many pairs, and a tuned fused entry is not
+# reused past it: its atomic adds grow with the tokens (T * K * I / BLOCK_I rows of H partial sums).
+FUSED_TUNE_MAX_PAIRS = 128
 
 
 def default_config(M: int, E: int, K: int, H: int, I: int, fmt: str) -> dict[str, Any]:
@@ -69,6 +73,12 @@ def gemv_config() -> dict[str, Any]:
     return {"path": "gemv",
             "up": {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3},
             "down": {"BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3}}
+
+
+def fused_config() -> dict[str, Any]:
+    """The one-launch decode kernel (moe_fused_kernel): BLOCK_I intermediate rows of one pair per
+    program, its gate/up tile walked along H in BLOCK_K steps and its down columns in BLOCK_H rows."""
+    return {"path": "fused", "BLOCK_I": 16, "BLOCK_K": 256, "BLOCK_H": 128, "num_warps": 2, "num_stages": 3}
 
 
 def tiled_config(M: int, E: int, K: int, H: int, I: int, fmt: str) -> dict[str, Any]:
@@ -93,7 +103,8 @@ def get_config(M: int, E: int, K: int, H: int, I: int, fmt: str) -> dict[str, An
         # does past the gemv path's range (seen: NVFP4 at 128 tokens ran its 64-token gemv entry
         # at 931 us, the default tiles at 542)
         cfg = tuned[near]
-        if max(near, M) <= 2 * min(near, M) and not (cfg.get("path") == "gemv" and M * K > GEMV_TUNE_MAX_PAIRS):
+        limit = {"gemv": GEMV_TUNE_MAX_PAIRS, "fused": FUSED_TUNE_MAX_PAIRS}.get(cfg.get("path"))
+        if max(near, M) <= 2 * min(near, M) and not (limit and M * K > limit):
             return cfg
     return default_config(M, E, K, H, I, fmt)
 

@@ -1,4 +1,4 @@
-"""Decode-size MoE kernels (Triton): two launches per layer, no alignment, no top-k sum.
+"""Decode-size MoE kernels (Triton): two launches per layer (or one, fused), no alignment, no top-k sum.
 
 At a few tokens the tiled path (triton_kernels.py) is latency-bound: alignment launches, M-blocks
 that are mostly padding, a [T*K, H] buffer and a torch sum. Here:
@@ -12,6 +12,7 @@ token (down) index varies fastest in program order, so programs that share an ex
 weight tile at about the same time and L2 serves the repeats. The K loops are software-pipelined
 through tl.range(num_stages=STAGES): Triton pipelines only loads that feed a tl.dot unless a loop
 asks. The down kernel adds the top-k slots in a fixed order, so results are deterministic.
+    moe_fused_kernel      both in one launch, split along I, partial sums added atomically (see there)
 """
 from __future__ import annotations
 
@@ -127,10 +128,20 @@ def moe_gemv_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, ids_ptr,
     pair = pid % num_pairs
     pid_n = pid // num_pairs
     e = tl.load(ids_ptr + pair).to(tl.int64)
-    a_ptr = x_ptr + (pair // TOPK).to(tl.int64) * stride_xm
+    h = _silu_mul_rows(x_ptr + (pair // TOPK).to(tl.int64) * stride_xm, w_ptr + e * stride_we,
+                       s_ptr + e * stride_se, g_ptr + e * 2, pid_n, I, H, stride_wn, stride_wk, stride_sn, stride_sk,
+                       FMT, BSN, BSK, BLOCK_N, BLOCK_K, EVEN_K, STAGES)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + pair.to(tl.int64) * stride_om + offs_n, h.to(out_ptr.dtype.element_ty), mask=offs_n < I)
+
+
+@triton.jit
+def _silu_mul_rows(a_ptr, w_base, s_base, g_base, pid_n, I, H, stride_wn, stride_wk, stride_sn, stride_sk,
+                   FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, STAGES: tl.constexpr):
+    """silu(a . gate[n]) * (a . up[n]) in fp32 for the BLOCK_N intermediate rows n of N-tile pid_n
+    (zero past I); g_base points at the expert's two nvfp4 global scales (gate, up)."""
     r, rows, nmask = stacked_rows(pid_n, I, BLOCK_N)
-    w_base = w_ptr + e * stride_we
-    s_base = s_ptr + e * stride_se
     if FMT == 3:
         acc = tl.zeros((2 * BLOCK_N, BLOCK_K // 16), dtype=tl.float32)
     else:
@@ -143,11 +154,9 @@ def moe_gemv_up_kernel(x_ptr, w_ptr, s_ptr, g_ptr, out_ptr, ids_ptr,
     if FMT == 1:  # the expert is fixed per program: per-channel scales once, after the reduction
         gu *= tl.load(s_base + rows * stride_sn, mask=nmask, other=0.0)
     if FMT == 3:
-        gu *= tl.load(g_ptr + e * 2 + r // BLOCK_N) * _NVFP4_UNSCALE  # global scales of gate and up
+        gu *= tl.load(g_base + r // BLOCK_N) * _NVFP4_UNSCALE  # global scales of gate and up
     gate, up = tl.split(tl.permute(tl.reshape(gu, (2, BLOCK_N)), (1, 0)))
-    h = gate * tl.sigmoid(gate) * up
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(out_ptr + pair.to(tl.int64) * stride_om + offs_n, h.to(out_ptr.dtype.element_ty), mask=offs_n < I)
+    return gate * tl.sigmoid(gate) * up
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -198,3 +207,68 @@ def moe_gemv_down_kernel(a_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr, ids_ptr,
     if FMT == 3:
         out *= _NVFP4_UNSCALE
     tl.store(out_ptr + t.to(tl.int64) * stride_om + offs_n, out.to(out_ptr.dtype.element_ty), mask=nmask)
+
+
+@triton.jit(do_not_specialize=["num_pairs"])
+def moe_fused_kernel(x_ptr, w13_ptr, s13_ptr, g13_ptr, w2_ptr, s2_ptr, g2_ptr, out_ptr, acc_ptr, cnt_ptr,
+                     tw_ptr, ids_ptr, num_pairs, I, H, TOPK, stride_xm, stride_om,
+                     stride_ue, stride_un, stride_uk, stride_use, stride_usn, stride_usk,
+                     stride_de, stride_dn, stride_dk, stride_dse, stride_dsn, stride_dsk,
+                     FMT: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr, BLOCK_I: tl.constexpr,
+                     BLOCK_K: tl.constexpr, BLOCK_H: tl.constexpr, EVEN_K: tl.constexpr, EVEN_I: tl.constexpr,
+                     STAGES: tl.constexpr):
+    """The whole layer in one launch: out[t] = sum_k tw[t, k] * down_e(silu(x[t] . gate_e) * (x[t] . up_e)).
+
+    A program owns one pair p = t*TOPK+k and BLOCK_I intermediate rows i of its expert: it computes
+    those rows of the activation (as moe_gemv_up_kernel does), rounds them to the activation dtype
+    like the two-launch path, and multiplies them by the matching BLOCK_I columns of down, adding its
+    [H] partial sum into the fp32 workspace row acc[t] with relaxed atomics. Every weight byte is
+    read once and the activation never leaves registers. The last of a token's TOPK * cdiv(I,
+    BLOCK_I) programs (a per-token counter, taken with acq_rel after a barrier, so every partial sum
+    of the token is visible to it) converts acc[t] to out[t] and leaves acc[t] and the counter at
+    zero for the next call: the workspace must start zeroed and serve one stream at a time.
+    The order of the atomic adds varies, so results are not bit-reproducible (fp32 sums of TOPK *
+    cdiv(I, BLOCK_I) terms before one rounding to the output dtype).
+    """
+    pid = tl.program_id(0)
+    pair = pid % num_pairs
+    pid_i = pid // num_pairs
+    t = (pair // TOPK).to(tl.int64)
+    e = tl.load(ids_ptr + pair).to(tl.int64)
+    h = _silu_mul_rows(x_ptr + t * stride_xm, w13_ptr + e * stride_ue, s13_ptr + e * stride_use, g13_ptr + e * 2,
+                       pid_i, I, H, stride_un, stride_uk, stride_usn, stride_usk,
+                       FMT, BSN, BSK, BLOCK_I, BLOCK_K, EVEN_K, STAGES)
+    coef = tl.load(tw_ptr + pair)
+    if FMT == 3:
+        coef *= tl.load(g2_ptr + e)
+    a = h.to(out_ptr.dtype.element_ty).to(tl.float32) * coef  # rows past I are zero
+    if FMT == 3:
+        a = tl.reshape(a, (BLOCK_I // 8, 8)) * _NVFP4_ACT_SCALE  # as _act lays it out
+    i0 = pid_i * BLOCK_I
+    w_base = w2_ptr + e * stride_de
+    s_base = s2_ptr + e * stride_dse
+    row = acc_ptr + t * H
+    for n0 in tl.range(0, H, BLOCK_H, num_stages=STAGES):
+        rows = n0 + tl.arange(0, BLOCK_H)
+        rmask = rows < H
+        if FMT == 3:
+            part = tl.zeros((BLOCK_H, BLOCK_I // 16), dtype=tl.float32)
+        else:
+            part = tl.zeros((BLOCK_H, BLOCK_I), dtype=tl.float32)
+        part = _row_products(part, a, w_base, s_base, rows, rmask, i0, I, stride_dn, stride_dk,
+                             stride_dsn, stride_dsk, FMT, FMT == 2, BSN, BSK, BLOCK_I, EVEN_I)
+        y = tl.sum(part, 1)
+        if FMT == 1:
+            y *= tl.load(s_base + rows * stride_dsn, mask=rmask, other=0.0)
+        if FMT == 3:
+            y *= _NVFP4_UNSCALE
+        tl.atomic_add(row + rows, y, mask=rmask, sem="relaxed")
+    tl.debug_barrier()  # every thread's adds precede the counter's release
+    if tl.atomic_add(cnt_ptr + t, 1, sem="acq_rel") == TOPK * tl.cdiv(I, BLOCK_I) - 1:
+        for n0 in range(0, H, BLOCK_H):
+            rows = n0 + tl.arange(0, BLOCK_H)
+            rmask = rows < H
+            y = tl.load(row + rows, mask=rmask, other=0.0, cache_modifier=".cg")
+            tl.store(out_ptr + t * stride_om + rows, y.to(out_ptr.dtype.element_ty), mask=rmask)
+            tl.store(row + rows, tl.zeros((BLOCK_H,), dtype=tl.float32), mask=rmask)
+        tl.atomic_xchg(cnt_ptr + t, 0, sem="relaxed")

@@ -7,6 +7,8 @@ Intermediates:
     y    [T*K, H]      router-weighted expert outputs per (token, slot)
 Gemv path (a config with "path": "gemv", the default at few tokens): two launches, no alignment,
 the top-k sum fused into the down kernel (triton_gemv.py); act [T*K, I] per pair.
+Fused path ("path": "fused", tuned at a few tokens): one launch, the activation kept in registers,
+partial sums added into a zeroed fp32 workspace per device that the kernel leaves zeroed.
 Both are free of host synchronisation, so a decode step can be captured in a CUDA graph. Quantized
 weights are read in their stored format and dequantized in registers (see triton_kernels.py); a
 tiled config may also run fp8 weights against fp8 activations ("A8", sm_89 and later).
@@ -82,8 +84,12 @@ class TritonRunner(MoERunner):
         """The config for T tokens and its two stages as launched: fp8 block scales cap BLOCK_K (one
         k-scale per tile), and A8 holds only for fp8 weights on a device whose tl.dot takes fp8."""
         cfg = self._config(T, w, top_k)
-        up, down = dict(cfg["up"]), dict(cfg["down"])
         fmt, (_, bsk), (w13, _, _), _ = _operands(w)
+        if cfg.get("path") == "fused":  # one kernel; its K steps along H and along I stay in one block
+            if fmt == _FMT_FP8_BLOCK:
+                cfg = {**cfg, "BLOCK_K": min(cfg["BLOCK_K"], bsk), "BLOCK_I": min(cfg["BLOCK_I"], bsk)}
+            return cfg, cfg, cfg
+        up, down = dict(cfg["up"]), dict(cfg["down"])
         if fmt == _FMT_FP8_BLOCK:
             up["BLOCK_K"], down["BLOCK_K"] = min(up["BLOCK_K"], bsk), min(down["BLOCK_K"], bsk)
         if fmt not in (_FMT_FP8_CH, _FMT_FP8_BLOCK) or not fp8_dots(w13.device):
@@ -103,11 +109,11 @@ class TritonRunner(MoERunner):
         return sorted(seen.values())
 
     def launch_label(self, T: int, w: ExpertWeights, top_k: int) -> str:
-        """"gemv", or "tiled M<BLOCK_M>" plus the switches in use, e.g. "tiled M16 A8 SWAP_AB"
+        """"gemv", "fused", or "tiled M<BLOCK_M>" plus the switches in use, e.g. "tiled M16 A8 SWAP_AB"
         (per stage when the two kernels differ: "tiled M128 up:SPLIT_M")."""
         cfg, up, down = self._launch(T, w, top_k)
-        if cfg.get("path") == "gemv":
-            return "gemv"
+        if cfg.get("path") in ("gemv", "fused"):
+            return cfg["path"]
         flags = {st: [k for k in ("A8", "SWAP_AB", "SPLIT_M") if tile.get(k)] for st, tile in (("up", up), ("down", down))}
         label = f"tiled M{cfg['BLOCK_M']}"
         if flags["up"] == flags["down"]:
@@ -128,6 +134,8 @@ class TritonRunner(MoERunner):
         cfg, up, down = self._launch(T, w, K)
         if cfg.get("path") == "gemv":
             return _gemv(x, topk_weights, topk_ids, I, fmt, (bsn, bsk), (w13, s13, g13), (w2, s2, g2), up, down)
+        if cfg.get("path") == "fused":
+            return _fused(x, topk_weights, topk_ids, I, fmt, (bsn, bsk), (w13, s13, g13), (w2, s2, g2), up)
         bm = cfg["BLOCK_M"]
         sorted_ids, expert_ids, total = align_block_size(topk_ids, E, bm)
         num_m = expert_ids.numel()
@@ -200,3 +208,45 @@ def _gemv_kwargs(c: dict[str, Any], k: int) -> dict[str, Any]:
         kw["num_warps"] = c["num_warps"]
     return kw
 
+
+
+_workspaces: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def fused_workspace(device: torch.device, T: int, H: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(fp32 [rows, H], int32 [rows] counters), zeroed once and kept zeroed by moe_fused_kernel, for
+    at least T rows. Shared by every layer on a device: their launches run one after another on
+    the stream. Grown (doubling, 64 rows at least) when T exceeds it; growing inside a CUDA-graph
+    capture records the zeroing in the graph, which stays correct."""
+    key = (device, H)
+    ws = _workspaces.get(key)
+    if ws is None or ws[1].numel() < T:
+        rows = max(64, T, 2 * ws[1].numel() if ws is not None else 0)
+        ws = (torch.zeros(rows, H, dtype=torch.float32, device=device),
+              torch.zeros(rows, dtype=torch.int32, device=device))
+        _workspaces[key] = ws
+    return ws
+
+
+def _fused(x, topk_weights, topk_ids, I, fmt, blk, up_ops, down_ops, c):
+    """One launch: T*K*cdiv(I, BLOCK_I) programs, each an (I-block, pair) of the whole layer."""
+    import triton
+
+    from moelab.moe.triton_gemv import moe_fused_kernel
+
+    T, H = x.shape
+    K = topk_ids.shape[1]
+    (w13, s13, g13), (w2, s2, g2) = up_ops, down_ops
+    ids = topk_ids.reshape(-1).contiguous()
+    tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    out = torch.empty(T, H, dtype=x.dtype, device=x.device)
+    acc, cnt = fused_workspace(x.device, T, H)
+    kw = {"BLOCK_I": c["BLOCK_I"], "BLOCK_K": c["BLOCK_K"], "BLOCK_H": c["BLOCK_H"],
+          "EVEN_K": H % c["BLOCK_K"] == 0, "EVEN_I": I % c["BLOCK_I"] == 0, "STAGES": c["num_stages"]}
+    if not _interpreting():
+        kw["num_warps"] = c["num_warps"]
+    moe_fused_kernel[(T * K * triton.cdiv(I, c["BLOCK_I"]),)](
+        x, w13, s13, g13, w2, s2, g2, out, acc, cnt, tw, ids, T * K, I, H, K, x.stride(0), out.stride(0),
+        *_strides3(w13), *_strides3(s13), *_strides3(w2), *_strides3(s2),
+        FMT=fmt, BSN=blk[0], BSK=blk[1], **kw)
+    return out

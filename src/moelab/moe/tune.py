@@ -21,7 +21,7 @@ from typing import Any, Callable
 import torch
 
 from moelab.moe.bench import make_inputs, make_weights, time_calls
-from moelab.moe.triton_configs import GEMV_TUNE_MAX_PAIRS, device_name, get_config, save_tuned
+from moelab.moe.triton_configs import FUSED_TUNE_MAX_PAIRS, GEMV_TUNE_MAX_PAIRS, device_name, get_config, save_tuned
 from moelab.moe.triton_runner import TritonRunner, fp8_dots
 
 KERNELS = {"up": ("moe_gemv_up_kernel", "moe_up_kernel"), "down": ("moe_gemv_down_kernel", "moe_down_kernel")}
@@ -36,6 +36,20 @@ def gemv_tiles(stage: str) -> list[dict]:
     for bn, bk, nw, ns in itertools.product((4, 8, 16, 32), (128, 256, 512), (1, 2, 4, 8), (2, 3, 4)):
         if 16 <= rows * bn * bk // (32 * nw) <= 128:
             out.append({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns})
+    return out
+
+
+def fused_tiles(fmt: str = "bf16") -> list[dict]:
+    """The one-launch kernel: BLOCK_I intermediate rows per program (16 at least for nvfp4's scale
+    groups), with the gate/up tile (2*BLOCK_I x BLOCK_K) and the down tile (BLOCK_H x BLOCK_I) each
+    holding 16-128 fp32 accumulators per thread, as gemv_tiles."""
+    out = []
+    for bi, bk, bh, nw, ns in itertools.product((8, 16, 32, 64), (128, 256, 512), (64, 128, 256, 512), (1, 2, 4),
+                                                (2, 3, 4)):
+        if fmt == "nvfp4" and bi < 16:
+            continue
+        if 16 <= 2 * bi * bk // (32 * nw) <= 128 and 16 <= bh * bi // (32 * nw) <= 128:
+            out.append({"path": "fused", "BLOCK_I": bi, "BLOCK_K": bk, "BLOCK_H": bh, "num_warps": nw, "num_stages": ns})
     return out
 
 
@@ -138,6 +152,9 @@ def tune(spec: dict, emit: Callable[[dict[str, Any]], None]) -> None:
         inputs = make_inputs(T, E, K, H, 8, dev, seed=T)
         current = get_config(T, E, K, H, I, fmt)
         results = [("current", _whole_us(current, w, inputs), current, {})]
+        if T * K <= FUSED_TUNE_MAX_PAIRS:  # one kernel: each candidate is timed as a whole call
+            us, cfg = min(((_whole_us(c, w, inputs), c) for c in thin(fused_tiles(fmt), n)), key=lambda r: r[0])
+            results.append(("fused", us, cfg, {}))
         if T * K <= GEMV_TUNE_MAX_PAIRS:
             cfg, per = best_pair(lambda u, d: {"path": "gemv", "up": u, "down": d},
                                  thin(gemv_tiles("up"), n), thin(gemv_tiles("down"), n), w, inputs)
