@@ -126,7 +126,8 @@ for c in json.loads(sys.argv[1]):
            None: lambda: None}[c.get("path")]()
     for stage, tile in c.get("tiles", {}).items():
         cfg[stage].update(tile)
-    cfg = {**cfg, **c.get("fused", {})}
+    if "fused" in c:
+        cfg.update(c["fused"])
     if "block_m" in c:
         cfg["BLOCK_M"] = c["block_m"]
     for _ in range(c.get("calls", 1)):  # the fused path's workspace must come back zeroed each time

@@ -19,7 +19,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from moelab.moe.triton_kernels import stacked_rows
+from moelab.moe.triton_kernels import e2m1_words, stacked_rows
 
 # nvfp4 values are read as float32 * 2**-126 (see _row_products); activations are scaled by 2**64
 # so that products stay normal floats, and 2**62 restores the result.
@@ -44,12 +44,6 @@ def _act(a_ptr, k0, K, FMT: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr
 
 
 @triton.jit
-def _bf16x2(v):
-    """A uint32 holding two bfloat16 -> (low, high) as float32."""
-    return (v << 16).to(tl.float32, bitcast=True), (v & 0xFFFF0000).to(tl.float32, bitcast=True)
-
-
-@triton.jit
 def _row_products(acc, a, w_base, s_base, rows, rmask, k0, K,
                   stride_wn, stride_wk, stride_sn, stride_sk,
                   FMT: tl.constexpr, TILE_SCALE: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr,
@@ -60,11 +54,8 @@ def _row_products(acc, a, w_base, s_base, rows, rmask, k0, K,
     per-channel scale is the same with BSN = BSK = 1 and stride_sk = 0). EVEN_K (K % BK == 0)
     drops the K mask, which would otherwise cap the vector width of the loads.
     nvfp4: acc is [R, BK/16], one entry per e4m3 scale group. The tile is loaded as uint32 words of 8
-    values (nibble i = element 8w+i). Nibbles i and i+4 sit 16 bits apart, so one shift-and-mask per
-    field moves both into bfloat16 bit positions at once (sign to bit 15, exponent and mantissa bits
-    to 8..6); that reads as the value * 2**-126 and widens to float32 with one shift or mask. The
-    code for 0.5 becomes a float32 subnormal, which fma.rn.f32 keeps (Triton emits no .ftz). A
-    word's 8 products are summed with FMAs and each group's scale is applied once.
+    values (nibble i = element 8w+i) and decoded by e2m1_words to the value * 2**-126 (hence the
+    activations' 2**64). A word's 8 products are summed with FMAs and each group's scale is applied once.
     """
     if FMT == 3:
         w8 = k0 // 8 + tl.arange(0, BK // 8)
@@ -85,10 +76,7 @@ def _row_products(acc, a, w_base, s_base, rows, rmask, k0, K,
         x2, x6 = tl.split(x_10)
         x1, x5 = tl.split(x_01)
         x3, x7 = tl.split(x_11)
-        v0, v4 = _bf16x2(((p << 6) & 0x01C001C0) | ((p << 12) & 0x80008000))
-        v1, v5 = _bf16x2(((p << 2) & 0x01C001C0) | ((p << 8) & 0x80008000))
-        v2, v6 = _bf16x2(((p >> 2) & 0x01C001C0) | ((p << 4) & 0x80008000))
-        v3, v7 = _bf16x2(((p >> 6) & 0x01C001C0) | (p & 0x80008000))
+        v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_words(p)
         part = v0 * x0[None, :]
         part = tl.fma(v1, x1[None, :], part)
         part = tl.fma(v2, x2[None, :], part)

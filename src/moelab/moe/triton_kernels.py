@@ -40,22 +40,51 @@ import triton.language as tl
 TOKEN_ARGS = ["num_pairs", "num_m"]
 
 
-@triton.jit
-def _e2m1_lo(p):
-    """Low nibble of each packed byte -> float32 value / 2**14, by bit placement in a float16.
+# nvfp4 tiles are dequantized to value * scale * 2**-64 (see _nvfp4_tile); the epilogues undo it
+NVFP4_TILE_UNSCALE = tl.constexpr(2.0 ** 64)
 
-    e2m1 (sign, 2 exponent bits, 1 mantissa bit, bias 1) put at float16's sign, exponent low
-    bits and mantissa top bit is the same number scaled by 2**-14 (bias 15), subnormal 0.5
-    included, so no select or table is needed; the 2**14 is folded into the block scale.
+
+@triton.jit
+def _bf16_pair(v):
+    """A uint32 holding two bfloat16 -> (low, high) as float32."""
+    return (v << 16).to(tl.float32, bitcast=True), (v & 0xFFFF0000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def e2m1_words(p):
+    """uint32 words of 8 packed e2m1 values (nibble i = element i) -> the 8 values * 2**-126 as
+    float32 tensors shaped like p. Nibbles i and i+4 sit 16 bits apart, so one shift-and-mask per
+    field moves both into bfloat16 bit positions (sign to bit 15, exponent and mantissa to bits
+    8..6), which read as the value * 2**-126 (the code for 0.5 a float32 subnormal, which
+    mul.rn.f32 and fma.rn.f32 keep: Triton emits no .ftz) and widen with one shift or mask."""
+    v0, v4 = _bf16_pair(((p << 6) & 0x01C001C0) | ((p << 12) & 0x80008000))
+    v1, v5 = _bf16_pair(((p << 2) & 0x01C001C0) | ((p << 8) & 0x80008000))
+    v2, v6 = _bf16_pair(((p >> 2) & 0x01C001C0) | ((p << 4) & 0x80008000))
+    v3, v7 = _bf16_pair(((p >> 6) & 0x01C001C0) | (p & 0x80008000))
+    return v0, v1, v2, v3, v4, v5, v6, v7
+
+
+@triton.jit
+def _nvfp4_tile(w_base, s_base, offs_n, nmask, k0, K, stride_wn, stride_sn, stride_sk, BK: tl.constexpr):
+    """Rows offs_n, K-elements k0..k0+BK of an nvfp4 weight as float32 value * scale * 2**-64: [BN, BK].
+
+    The packed bytes are read as uint32 words of 8 values and decoded by e2m1_words. One multiply
+    by the group's scale * 2**62 gives a normal number that bfloat16 holds exactly (at most 6
+    significant bits, 2**-74 to 2**-52), whatever the e4m3 scale. The 8 values of a word are then
+    interleaved into K order with tl.join, which stays within each thread's registers.
     """
-    bits = ((p & 0x8) << 12) | ((p & 0x7) << 9)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
-
-
-@triton.jit
-def _e2m1_hi(p):
-    bits = ((p & 0x80) << 8) | ((p & 0x70) << 5)
-    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+    w8 = k0 // 8 + tl.arange(0, BK // 8)
+    words = (w_base + offs_n * stride_wn).to(tl.pointer_type(tl.uint32))  # K/2 bytes per row, K % 16 == 0
+    p = tl.load(words[:, None] + w8[None, :], mask=nmask[:, None] & (w8 * 8 < K)[None, :], other=0)  # [BN, BK/8]
+    g = k0 // 16 + tl.arange(0, BK // 16)
+    s16 = tl.load(s_base + offs_n[:, None] * stride_sn + g[None, :] * stride_sk,
+                  mask=nmask[:, None] & (g * 16 < K)[None, :], other=0.0).to(tl.float32) * 4.611686018427388e18
+    s = tl.reshape(tl.broadcast_to(s16[:, :, None], (p.shape[0], BK // 16, 2)), (p.shape[0], BK // 8))  # per word
+    v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_words(p)
+    # element 8w + 4h + 2b + c: join over h, then b, then c, so c ends up the fastest
+    w = tl.join(tl.join(tl.join(v0 * s, v4 * s), tl.join(v2 * s, v6 * s)),
+                tl.join(tl.join(v1 * s, v5 * s), tl.join(v3 * s, v7 * s)))
+    return tl.reshape(w, (p.shape[0], BK))
 
 
 @triton.jit
@@ -114,18 +143,11 @@ def _tile_dot(acc, a_rows, a_mask, w_base, s_base, offs_n, nmask, k0, K,
     if DOT_F32:
         a = a.to(tl.float32)
     if FMT == 3:
-        j = k0 // 2 + tl.arange(0, BK // 2)
-        p = tl.load(w_base + offs_n[:, None] * stride_wn + j[None, :] * stride_wk,
-                    mask=nmask[:, None] & (2 * j < K)[None, :], other=0).to(tl.int32)  # [BN, BK/2]
-        w = tl.reshape(tl.join(_e2m1_lo(p), _e2m1_hi(p)), (p.shape[0], BK))  # element 2j, 2j+1: lo, hi
-        g = k0 // 16 + tl.arange(0, BK // 16)
-        s16 = tl.load(s_base + offs_n[:, None] * stride_sn + g[None, :] * stride_sk,
-                      mask=nmask[:, None] & (g * 16 < K)[None, :], other=0.0).to(tl.float32) * 16384.0
-        s = tl.reshape(tl.broadcast_to(s16[:, :, None], (p.shape[0], BK // 16, 16)), (p.shape[0], BK))
+        w = _nvfp4_tile(w_base, s_base, offs_n, nmask, k0, K, stride_wn, stride_sn, stride_sk, BK).to(a.dtype)
         if SWAP:
-            acc = tl.dot((w * s).to(a.dtype), a, acc)
+            acc = tl.dot(w, a, acc)
         else:
-            acc = tl.dot(a, tl.trans((w * s).to(a.dtype)), acc)
+            acc = tl.dot(a, tl.trans(w), acc)
     elif A8:
         # each row's K-slice, scaled by 448 / its amax, is hi = e4m3(v) plus lo = e4m3((v - hi) * L);
         # two dots share the weight tile and hi + lo / L carries about 8 significant bits
@@ -233,8 +255,8 @@ def _up_block(x_ptr, w_base, s_base, g_ptr, out_ptr, sorted_ptr, e, row0, pid_n,
                               stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32, SWAP, A8)
             acc_u = _tile_dot(acc_u, a_rows, valid, w_base, s_base, gate_rows + I, gmask, k0, H,
                               stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32, SWAP, A8)
-        gate = acc_g * tl.load(g_ptr + e * 2)  # global scales of gate and up
-        up = acc_u * tl.load(g_ptr + e * 2 + 1)
+        gate = acc_g * (tl.load(g_ptr + e * 2) * NVFP4_TILE_UNSCALE)  # global scales of gate and up
+        up = acc_u * (tl.load(g_ptr + e * 2 + 1) * NVFP4_TILE_UNSCALE)
     elif SWAP:
         acc = tl.zeros((2 * BLOCK_N, BLOCK_M), dtype=tl.float32)
         for k0 in range(0, H, BLOCK_K):
@@ -317,7 +339,7 @@ def _down_block(a_ptr, w_base, s_base, g_ptr, out_ptr, tw_ptr, sorted_ptr, e, ro
         acc = _tile_dot(acc, a_rows, valid, w_base, s_base, offs_n, nmask, k0, I,
                         stride_wn, stride_wk, stride_sn, stride_sk, FMT, BSN, BSK, BLOCK_K, DOT_F32, SWAP, A8)
     if FMT == 3:
-        acc *= tl.load(g_ptr + e)
+        acc *= tl.load(g_ptr + e) * NVFP4_TILE_UNSCALE
     tw = tl.load(tw_ptr + pair, mask=valid, other=0.0).to(tl.float32)  # router weight
     if SWAP:
         if FMT == 1:

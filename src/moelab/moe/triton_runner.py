@@ -145,12 +145,12 @@ class TritonRunner(MoERunner):
         tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
 
         grid_up = (num_m * triton.cdiv(I, up["BLOCK_N"]),)
+        grid_down = (num_m * triton.cdiv(H, down["BLOCK_N"]),)
         moe_up_kernel[grid_up](
             x, w13, s13, g13, act, sorted_ids, expert_ids, total,
             n_pairs, I, H, K, num_m, x.stride(0), act.stride(0),
             *_strides3(w13), *_strides3(s13),
             FMT=fmt, BSN=bsn, BSK=bsk, DOT_F32=_interpreting(), BLOCK_M=bm, **_launch_kwargs(up))
-        grid_down = (num_m * triton.cdiv(H, down["BLOCK_N"]),)
         moe_down_kernel[grid_down](
             act, w2, s2, g2, y, tw, sorted_ids, expert_ids, total,
             n_pairs, H, I, num_m, act.stride(0), y.stride(0),
