@@ -7,7 +7,8 @@ Triton streaming kernels over exactly those byte counts (no dequantization, no m
 launch shapes swept), in a CUDA graph over 8 rotating buffer sets so L2 starts cold, like
 `moelab kernels`. That floor is the named baseline; in the same run it times the triton MoE runner
 at one token in each format and prints both as multiples of the roofline, and the runner over the
-floor.
+floor. It also prints the one-launch floor (one stream over both byte counts), the bound for the
+runner's fused path, and how the runner launched (gemv or fused).
 
     python bench/decode_floor.py                       # Qwen3-30B-A3B shape
     python bench/decode_floor.py --shape 256,8,7168,2048 --formats bf16,fp8
@@ -37,15 +38,16 @@ def _stream(p, o, n, BLOCK: tl.constexpr, ITERS: tl.constexpr):
     tl.store(o + tl.program_id(0), tl.sum(acc))  # keeps the loads alive
 
 
-def floor_us(up_bytes: int, down_bytes: int, dev: torch.device) -> tuple[float, dict]:
-    """Best two-kernel streaming time over LAUNCHES, and the launch shape that gave it."""
+def floor_us(*stream_bytes: int, dev: torch.device) -> tuple[float, dict]:
+    """Best time over LAUNCHES for one streaming kernel per byte count, back to back, and the launch
+    shape that gave it: (up, down) is the two-launch floor, (up + down,) the one-launch floor."""
     bufs = [tuple(torch.randint(-2**31, 2**31 - 1, (b // 4,), dtype=torch.int32, device=dev)
-                  for b in (up_bytes, down_bytes)) for _ in range(8)]
+                  for b in stream_bytes) for _ in range(8)]
     sink = torch.empty(1 << 20, dtype=torch.int32, device=dev)
     best = (float("inf"), {})
     for block, iters, warps in LAUNCHES:
-        def call(*pair, block=block, iters=iters, warps=warps):  # one layer: the up stream, then the down stream
-            for t in pair:
+        def call(*streams, block=block, iters=iters, warps=warps):  # one layer: the up stream, then the down stream
+            for t in streams:
                 _stream[(triton.cdiv(t.numel(), block * iters),)](t, sink, t.numel(), BLOCK=block, ITERS=iters,
                                                                    num_warps=warps)
         us, _ = time_calls(call, bufs, dev, 30)  # the same CUDA-graph timing as `moelab kernels`
@@ -66,20 +68,24 @@ def main() -> None:
     bw, _ = copy_bandwidth(dev)
     runner = RUNNERS.create("triton")
     print(f"{torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s; {label}, one token, {K} experts")
-    print(f"{'fmt':6} {'roof_us':>8} {'floor_us':>9} {'floor_x':>8} {'triton_us':>10} {'triton_x':>9} {'vs_floor':>9}")
+    print(f"{'fmt':6} {'roof_us':>8} {'floor_us':>9} {'floor_x':>8} {'floor1_us':>10} {'floor1_x':>9} "
+          f"{'triton_us':>10} {'triton_x':>9} {'vs_floor':>9} launch")
     rows = []
     for fmt in args.formats.split(","):
         per_row = weight_bytes_per_expert(H, I, fmt) / (3 * I)  # bytes of one weight row of length H
         up_b, down_b = int(K * 2 * I * per_row), int(K * H * I * per_row / H)
-        f_us, launch = floor_us(up_b, down_b, dev)
+        f_us, launch = floor_us(up_b, down_b, dev=dev)
+        f1_us, launch1 = floor_us(up_b + down_b, dev=dev)
         w = make_weights(E, H, I, fmt, dev, 0)
         inputs = make_inputs(1, E, K, H, 8, dev, seed=1)
         t_us, _ = time_calls(lambda *a: runner(*a, w), inputs, dev, 30)
         roof = layer_cost(1, K, H, I, fmt, K)[0] / bw * 1e6
-        row = {"format": fmt, "roofline_us": roof, "floor_us": f_us, "floor_launch": launch, "triton_us": t_us}
+        path = runner.launch_label(1, w, K)
+        row = {"format": fmt, "roofline_us": roof, "floor_us": f_us, "floor_launch": launch,
+               "floor1_us": f1_us, "floor1_launch": launch1, "triton_us": t_us, "triton_launch": path}
         rows.append(row)
-        print(f"{fmt:6} {roof:8.1f} {f_us:9.1f} {f_us / roof:7.2f}x {t_us:10.1f} {t_us / roof:8.2f}x "
-              f"{t_us / f_us:8.2f}x")
+        print(f"{fmt:6} {roof:8.1f} {f_us:9.1f} {f_us / roof:7.2f}x {f1_us:10.1f} {f1_us / roof:8.2f}x "
+              f"{t_us:10.1f} {t_us / roof:8.2f}x {t_us / f_us:8.2f}x {path}")
         w = None
         torch.cuda.empty_cache()
     print(json.dumps({"device": torch.cuda.get_device_name(), "shape": [E, K, H, I], "copy_bw_bytes_s": bw,

@@ -13,6 +13,7 @@
 #   SKIP_TESTS=1 BACKENDS=grouped,triton REPS=20 TAG=final
 #   (fourth round, after A8/SWAP_AB/SPLIT_M; configs from same-run A/B sweeps)
 #   SKIP_TESTS=1 BACKENDS=grouped,triton REPS=20 TAG=final TOKENS=1,16,64,256,512,1024,4096
+#   (fifth round, after the NVFP4 word decode and the fused path; same command)
 #     -> bench/kernels_h200_table.txt
 set -o pipefail
 cd "$(dirname "$0")/.."

@@ -6,10 +6,12 @@ candidate lists are zipped into whole configs, every config runs a few layer cal
 torch.profiler, and the fastest up tile and the fastest down tile (by the time of their own
 kernel) are kept. Each path's pair of winners is then timed as a whole call (CUDA-graph replays,
 rotating routing, as `moelab kernels` does) against the current config, and the fastest whole
-call is saved. A config that fails to compile or runs out of shared memory is skipped. This is
-how the shipped H200 files were made (about 100 candidates per kernel and path, twice that where
-the A8 or SPLIT_M switches apply; vLLM sweeps 1,920 configs per token count for an hour). This
-round's A8 and SPLIT_M entries came from same-run A/B sweeps of the same candidates.
+call is saved. The fused path is one kernel, so each of its candidates is timed as a whole call
+(up to FUSED_TUNE_MAX_PAIRS pairs). A config that fails to compile or runs out of shared memory
+is skipped. This is how the shipped H200 files were made (about 100 candidates per kernel and
+path, twice that where the A8 or SPLIT_M switches apply; vLLM sweeps 1,920 configs per token
+count for an hour). Some entries came from same-run A/B sweeps of the same candidates instead
+(A8, SPLIT_M, NVFP4 from 256 tokens; see the README).
 """
 from __future__ import annotations
 
