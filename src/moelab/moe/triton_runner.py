@@ -145,12 +145,12 @@ class TritonRunner(MoERunner):
         tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
 
         grid_up = (num_m * triton.cdiv(I, up["BLOCK_N"]),)
-        grid_down = (num_m * triton.cdiv(H, down["BLOCK_N"]),)
         moe_up_kernel[grid_up](
             x, w13, s13, g13, act, sorted_ids, expert_ids, total,
             n_pairs, I, H, K, num_m, x.stride(0), act.stride(0),
             *_strides3(w13), *_strides3(s13),
             FMT=fmt, BSN=bsn, BSK=bsk, DOT_F32=_interpreting(), BLOCK_M=bm, **_launch_kwargs(up))
+        grid_down = (num_m * triton.cdiv(H, down["BLOCK_N"]),)
         moe_down_kernel[grid_down](
             act, w2, s2, g2, y, tw, sorted_ids, expert_ids, total,
             n_pairs, H, I, num_m, act.stride(0), y.stride(0),
@@ -209,14 +209,13 @@ def _gemv_kwargs(c: dict[str, Any], k: int) -> dict[str, Any]:
     return kw
 
 
-
 _workspaces: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def fused_workspace(device: torch.device, T: int, H: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 [rows, H], int32 [rows] counters), zeroed once and kept zeroed by moe_fused_kernel, for
     at least T rows. Shared by every layer on a device: their launches run one after another on
-    the stream. Grown (doubling, 64 rows at least) when T exceeds it; growing inside a CUDA-graph
+    the stream (two streams running fused MoE layers at once on one device would need one each). Grown (doubling, 64 rows at least) when T exceeds it; growing inside a CUDA-graph
     capture records the zeroing in the graph, which stays correct."""
     key = (device, H)
     ws = _workspaces.get(key)
