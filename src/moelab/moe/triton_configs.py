@@ -56,8 +56,8 @@ def load_tuned(E: int, I: int, fmt: str, device: str) -> dict[int, dict[str, Any
 # A tuned file records the faster path per token count.
 GEMV_MAX_PAIRS = 64
 # The tuner tries the gemv path up to this many pairs: past it each expert's weights are re-read too
-# often (on an H200 it still won for nvfp4 at 512 pairs, where the tiled path's dequantization costs
-# more than the re-reads). A tuned gemv entry is not reused past it either.
+# often (on an H200 it won for nvfp4 at 512 pairs while the tiled kernels decoded nvfp4 byte by byte;
+# with the word decode the tiled path wins from 256). A tuned gemv entry is not reused past it either.
 GEMV_TUNE_MAX_PAIRS = 512
 # The tuner tries the one-launch fused kernel up to this many pairs, and a tuned fused entry is not
 # reused past it: its atomic adds grow with the tokens (T * K * I / BLOCK_I rows of H partial sums).

@@ -78,8 +78,8 @@ def tiled_tiles(bm: int, stage: str, fmt: str = "bf16", a8: bool = True) -> list
 def block_m_candidates(T: int, E: int, K: int, fmt: str = "bf16") -> list[int]:
     """M-blocks from half to twice the expected rows per expert (16 at least, 128 at most). NVFP4
     tries every size up to 128 from 8 rows per expert on: it dequantizes an expert's weights once
-    per M-block, so fewer, taller blocks win (H200, 512 tokens: 1,449 us at BLOCK_M=32, 750 at 128
-    with SPLIT_M)."""
+    per M-block, so fewer, taller blocks can win (H200, 512 tokens, byte-wise decode: 1,449 us at
+    BLOCK_M=32, 750 at 128 with SPLIT_M; with the word decode BLOCK_M 64 won there, 521 us)."""
     rows = T * K / E
     top = 128 if fmt == "nvfp4" and rows >= 8 else max(16, 2 * rows)
     return [bm for bm in (16, 32, 64, 128) if min(64, rows / 2) <= bm <= top]
