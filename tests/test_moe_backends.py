@@ -270,6 +270,22 @@ def test_alignment_sorts_pairs_into_expert_blocks_in_interpreter():
             assert rows and all(ids[v] == r["experts"][b] for v in rows), (n_tok, b)
 
 
+def test_fused_workspace_grows_without_freeing_what_graphs_use():
+    """The fused path's workspace is shared per (device, H) and starts zeroed; a larger token count
+    replaces it with a bigger zeroed one, and the old one stays alive, because a CUDA graph
+    captured earlier keeps its address (freeing it would let that graph write into reused memory)."""
+    from moelab.moe import triton_runner as tr
+
+    cpu, H = torch.device("cpu"), 1234  # an H no other test uses
+    small = tr.fused_workspace(cpu, 3, H)
+    assert small[0].shape == (64, H) and small[1].shape == (64,) and not small[0].any()
+    assert tr.fused_workspace(cpu, 64, H)[0] is small[0]  # fits: reused
+    big = tr.fused_workspace(cpu, 65, H)
+    assert big[0].shape == (128, H) and not big[0].any() and not big[1].any()
+    assert any(ws[0] is small[0] for ws in tr._retired)
+    assert tr.fused_workspace(cpu, 1, H)[0] is big[0]
+
+
 def test_tuner_search_space_holds_every_shipped_config():
     """`moelab kernels --tune` can reproduce the shipped H200 files: every tile in them is one of
     the tuner's candidates for its path, stage and BLOCK_M, and each BLOCK_M is one it tries."""

@@ -210,16 +210,21 @@ def _gemv_kwargs(c: dict[str, Any], k: int) -> dict[str, Any]:
 
 
 _workspaces: dict[tuple[torch.device, int], tuple[torch.Tensor, torch.Tensor]] = {}
+_retired: list[tuple[torch.Tensor, torch.Tensor]] = []  # outgrown workspaces, which captured graphs may still use
 
 
 def fused_workspace(device: torch.device, T: int, H: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(fp32 [rows, H], int32 [rows] counters), zeroed once and kept zeroed by moe_fused_kernel, for
-    at least T rows. Shared by every layer on a device: their launches run one after another on
-    the stream (two streams running fused MoE layers at once on one device would need one each). Grown (doubling, 64 rows at least) when T exceeds it; growing inside a CUDA-graph
-    capture records the zeroing in the graph, which stays correct."""
+    at least T rows. Shared by every layer on a device: their launches run one after another on the
+    stream (two streams running fused MoE layers at once on one device would need one each).
+    Grown (doubling, 64 rows at least) when T exceeds it; growing inside a CUDA-graph capture
+    records the zeroing in the graph, which stays correct. An outgrown workspace is kept, never
+    freed: graphs captured before the growth still write to it."""
     key = (device, H)
     ws = _workspaces.get(key)
     if ws is None or ws[1].numel() < T:
+        if ws is not None:
+            _retired.append(ws)
         rows = max(64, T, 2 * ws[1].numel() if ws is not None else 0)
         ws = (torch.zeros(rows, H, dtype=torch.float32, device=device),
               torch.zeros(rows, dtype=torch.int32, device=device))
