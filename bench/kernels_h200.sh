@@ -15,6 +15,8 @@
 #   SKIP_TESTS=1 BACKENDS=grouped,triton REPS=20 TAG=final TOKENS=1,16,64,256,512,1024,4096
 #   (fifth round, after the NVFP4 word decode and the fused path; same command)
 #     -> bench/kernels_h200_table.txt
+#   SKIP_TESTS=1 BACKENDS=grouped,triton FORMATS=fp8 REPS=20 TAG=final TOKENS=1,4,16,64
+#   (sixth round, fp8 only, after the WIDE gemv down tiles) -> bench/kernels_h200_fp8_table.txt
 set -o pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/kernels-out}; mkdir -p "$OUT"

@@ -122,7 +122,7 @@ for c in json.loads(sys.argv[1]):
     if "ids" in c:  # fixed routing, as int32 like the model's
         ids = torch.tensor(c["ids"], dtype=torch.int32)
     w = quantize_experts(w13, w2, fmt, **({"block": tuple(block)} if block else {}))
-    cfg = {"tiled": lambda: tiled_config(T, E, K, H, I, fmt), "gemv": gemv_config, "fused": fused_config,
+    cfg = {"tiled": lambda: tiled_config(T, E, K, H, I, fmt), "gemv": lambda: gemv_config(fmt), "fused": fused_config,
            None: lambda: None}[c.get("path")]()
     for stage, tile in c.get("tiles", {}).items():
         cfg[stage].update(tile)
@@ -201,11 +201,16 @@ def test_gemv_path_matches_reference_in_interpreter():
     the check tight: the gemv kernels accumulate in fp32 like the reference."""
     pytest.importorskip("triton")
     small = {"up": {"BLOCK_N": 8, "BLOCK_K": 32}, "down": {"BLOCK_N": 16, "BLOCK_K": 16}}
+    wide = {"down": {"BLOCK_N": 8, "BLOCK_K": 16, "WIDE": True}}  # every slot in one tile; N and K tails
     cases = []
     for fmt, block, shape in _GEMV_FORMATS:
         base = {"shape": shape, "fmt": fmt, "block": block, "path": "gemv"}
         cases += [{**base, "T": 1, "x": "float32"}, {**base, "T": 3}, {**base, "T": 3, "tiles": small, "x": "float32"},
                   {**base, "T": 3, "ids": [[1, 3], [3, 0], [2, 3]], "x": "float32"}]
+        if fmt != "nvfp4":
+            cases += [{**base, "T": 3, "tiles": wide, "x": "float32"},
+                      {**base, "T": 2, "ids": [[1, 3], [3, 1]], "tiles": wide}]
+    cases.append({"shape": [8, 3, 96, 40], "T": 2, "fmt": "fp8", "path": "gemv", "tiles": wide, "x": "float32"})  # top-3: a padded slot
     cases.append({"shape": [8, 2, 96, 40], "T": 2, "fmt": "bf16"})  # no config: the default for 4 pairs is gemv
     for r in _interpret(cases):
         c = r["case"]
@@ -304,7 +309,7 @@ def test_tuner_search_space_holds_every_shipped_config():
                 assert cfg in fused_tiles(fmt), (f.name, m)
                 continue
             for stage in ("up", "down"):
-                pool = gemv_tiles(stage) if cfg.get("path") == "gemv" else tiled_tiles(cfg["BLOCK_M"], stage, fmt)
+                pool = gemv_tiles(stage, fmt) if cfg.get("path") == "gemv" else tiled_tiles(cfg["BLOCK_M"], stage, fmt)
                 assert cfg[stage] in pool, (f.name, m, stage)
             if cfg.get("path") != "gemv":
                 assert cfg["BLOCK_M"] in block_m_candidates(int(m), E, 8, fmt), (f.name, m)  # shipped: top-8 models

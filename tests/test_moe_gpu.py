@@ -100,7 +100,7 @@ def test_decode_paths_in_a_cuda_graph_match_reference(fmt, block, path):
     dev = torch.device("cuda")
     w = make_weights(E, H, I, fmt, dev, seed=5, block=block)
     ref_w = Bf16Experts(*w.dequantize(torch.float32))
-    runner = TritonRunner(gemv_config() if path == "gemv" else fused_config())
+    runner = TritonRunner(gemv_config(fmt) if path == "gemv" else fused_config())
     for T in (1, 4, 8) if path == "gemv" else (1, 4, 16):
         x, tw, ids = make_inputs(T, E, K, H, 1, dev, seed=T)[0]
         s = torch.cuda.Stream()

@@ -187,6 +187,8 @@ def _gemv(x, topk_weights, topk_ids, I, fmt, blk, up_ops, down_ops, up, down):
     T, H = x.shape
     K = topk_ids.shape[1]
     (w13, s13, g13), (w2, s2, g2) = up_ops, down_ops
+    if down.get("WIDE") and fmt == _FMT_NVFP4:
+        raise ValueError("WIDE gemv down tiles take bf16 and fp8 weights, not nvfp4")
     ids = topk_ids.reshape(-1).contiguous()  # int32 or int64, read as is
     tw = topk_weights.reshape(-1).to(torch.float32).contiguous()
     act = torch.empty(T * K, I, dtype=x.dtype, device=x.device)
@@ -204,6 +206,8 @@ def _gemv_kwargs(c: dict[str, Any], k: int) -> dict[str, Any]:
     """num_stages goes to the kernels' tl.range (STAGES), which pipelines their dot-free loops."""
     kw = {"BLOCK_N": c["BLOCK_N"], "BLOCK_K": c["BLOCK_K"], "EVEN_K": k % c["BLOCK_K"] == 0,
           "STAGES": c["num_stages"]}
+    if c.get("WIDE"):
+        kw["WIDE"] = True
     if not _interpreting():
         kw["num_warps"] = c["num_warps"]
     return kw
