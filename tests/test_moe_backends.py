@@ -304,7 +304,7 @@ def test_tuner_search_space_holds_every_shipped_config():
     for f in files:
         E = int(f.name.split(",")[0].removeprefix("E="))
         fmt = f.stem.split("fmt=")[1]
-        for m, cfg in json.loads(f.read_text()).items():
+        for m, cfg in ((m, c) for m, c in json.loads(f.read_text()).items() if m.isdigit()):
             if cfg.get("path") == "fused":
                 assert cfg in fused_tiles(fmt), (f.name, m)
                 continue
@@ -393,9 +393,67 @@ def test_save_tuned_into_a_directory_keeps_what_that_directory_holds(tmp_path, m
         for T in (64, 256):
             tc.save_tuned(E, I, "bf16", tc.device_name(), {T: tc.tiled_config(T, E, K, H, I, "bf16")}, out)
         saved = json.loads((out / tc.config_file_name(E, I, "bf16", tc.device_name())).read_text())
-        assert sorted(saved, key=int) == ["1", "64", "256"]  # seeded from the file in use, then accumulated
+        assert sorted((m for m in saved if m.isdigit()), key=int) == ["1", "64", "256"]  # seeded, then accumulated
+        assert saved["tuned_on"] == {m: tc.kernel_revision() for m in ("1", "64", "256")}
     finally:
         tc.load_tuned.cache_clear()
+
+
+def test_a_file_tuned_on_other_kernels_still_runs_and_says_so(tmp_path, monkeypatch, caplog):
+    """Each entry records the kernel revision it was tuned on. Entries from other kernels stay in
+    use, but loading the file warns once, naming the token counts to re-tune; saving stamps what it
+    writes and keeps the stamps of what it carries over."""
+    import logging
+
+    from moelab.moe import triton_configs as tc
+
+    E, K, H, I = 8, 2, 64, 32
+    monkeypatch.setenv("MOELAB_MOE_CONFIG_DIR", str(tmp_path))
+    f = tmp_path / tc.config_file_name(E, I, "bf16", tc.device_name())
+    old = tc.tiled_config(64, E, K, H, I, "bf16")
+    f.write_text(json.dumps({"tuned_on": {"64": "0123456789ab"}, "64": old, "1": tc.gemv_config()}))
+    tc.load_tuned.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="moelab.moe.triton_configs"):
+            assert tc.get_config(64, E, K, H, I, "bf16") == old  # still used
+            assert tc.get_config(1, E, K, H, I, "bf16") == tc.gemv_config()
+        warned = [r.getMessage() for r in caplog.records]
+        assert len(warned) == 1 and "entries for 1,64 tokens" in warned[0], warned  # "1" carries no stamp
+        assert "--tune --tokens 1,64" in warned[0] and str(f) in warned[0]
+        tc.save_tuned(E, I, "bf16", tc.device_name(), {1: tc.gemv_config()})
+        data = json.loads(f.read_text())
+        assert data["tuned_on"] == {"1": tc.kernel_revision(), "64": "0123456789ab"}
+        assert tc.stale_entries(data) == [64]
+    finally:
+        tc.load_tuned.cache_clear()
+
+
+def test_kernel_revision_follows_code_not_prose(tmp_path):
+    from moelab.moe import triton_configs as tc
+
+    src = (tc.CONFIG_DIR.parent / "triton_gemv.py").read_text()
+    f = tmp_path / "triton_gemv.py"
+    f.write_text(src)
+    rev = tc.source_revision([f])
+    assert rev == tc.source_revision([tc.CONFIG_DIR.parent / "triton_gemv.py"])
+    f.write_text(src.replace('"""Decode-size MoE kernels', '"""Decode-size MoE kernels, reworded', 1)
+                 .replace("\nimport triton\n", "\n# a new comment\nimport triton\n", 1))
+    assert f.read_text() != src and tc.source_revision([f]) == rev
+    f.write_text(src.replace("2.0 ** 64", "2.0 ** 63", 1))
+    assert tc.source_revision([f]) != rev
+
+
+def test_shipped_config_files_were_tuned_on_these_kernels():
+    """Fails after a kernel change until the shipped H200 entries are re-tuned, or re-measured and
+    re-stamped: otherwise every H200 user would get the stale-file warning (or, unwarned, tiles
+    that were fastest for other kernels)."""
+    from moelab.moe import triton_configs as tc
+
+    for f in sorted(tc.CONFIG_DIR.glob("E=*.json")):
+        stale = tc.stale_entries(json.loads(f.read_text()))
+        assert not stale, (f"{f.name}: entries {stale} predate the kernels' revision {tc.kernel_revision()}; "
+                           "re-tune them on an H200 (`moelab kernels --tune`), or re-measure and set their "
+                           "tuned_on stamps to that revision")
 
 
 def test_speed_next_to_correctness_over_token_counts():

@@ -10,16 +10,50 @@ A tuned file lives in moe/configs/ and is named like vLLM's, plus the weight for
 BLOCK_M is shared because both tiled GEMMs walk the same aligned row list; the gemv kernels
 (triton_gemv.py) need no alignment. At run time the nearest tuned M is used, with whatever path
 it records; without a file, `default_config` applies. `moelab kernels --tune` writes files.
+
+A file also records which kernels each entry was tuned on ("tuned_on": {M: kernel_revision()}, a
+fingerprint of the kernels' code). Entries from other kernels are still used (a launch config
+stays valid), but loading them logs a warning once: after a kernel change the fastest tiles move
+(seen on an H200: NVFP4 entries picked for a byte-wise decode ran 1.2-1.9x slower than the
+defaults once the kernels decoded whole words).
 """
 from __future__ import annotations
 
+import ast
 import functools
+import hashlib
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger(__name__)
+
 CONFIG_DIR = Path(__file__).parent / "configs"
+KERNEL_SOURCES = ("triton_align.py", "triton_gemv.py", "triton_kernels.py")
+
+
+@functools.lru_cache(maxsize=1)
+def kernel_revision() -> str:
+    """The fingerprint of the kernels in this install (source_revision of KERNEL_SOURCES)."""
+    return source_revision([Path(__file__).parent / name for name in KERNEL_SOURCES])
+
+
+def source_revision(paths: list[Path]) -> str:
+    """12 hex digits of a hash over the files' syntax trees without docstrings (and so without
+    comments or line numbers): edits to prose keep it, edits to code change it."""
+    h = hashlib.sha256()
+    for path in paths:
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            body = getattr(node, "body", None)
+            if (isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and body
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                node.body = body[1:]
+        h.update(path.name.encode() + ast.dump(tree).encode())
+    return h.hexdigest()[:12]
 
 
 def device_name() -> str:
@@ -37,14 +71,39 @@ def config_dirs() -> list[Path]:
     return ([Path(extra)] if extra else []) + [CONFIG_DIR]
 
 
+def tuned_file(E: int, I: int, fmt: str, device: str, dirs: list[Path] | None = None) -> Path | None:
+    """The config file in use for this shape, format and GPU: the first of dirs (config_dirs()) that has one."""
+    return next((p for p in (d / config_file_name(E, I, fmt, device) for d in dirs or config_dirs()) if p.is_file()),
+                None)
+
+
 @functools.lru_cache(maxsize=64)
 def load_tuned(E: int, I: int, fmt: str, device: str) -> dict[int, dict[str, Any]] | None:
-    for d in config_dirs():
-        p = d / config_file_name(E, I, fmt, device)
-        if p.is_file():
-            data = json.loads(p.read_text())
-            return {int(m): c for m, c in data.items() if m.isdigit()}
-    return None
+    p = tuned_file(E, I, fmt, device)
+    if p is None:
+        return None
+    data = json.loads(p.read_text())
+    note = stale_note(p, data)
+    if note:
+        log.warning("%s", note)
+    return {int(m): c for m, c in data.items() if m.isdigit()}
+
+
+def stale_entries(data: dict[str, Any]) -> list[int]:
+    """The token counts of a config file's entries not stamped with the current kernel revision."""
+    stamps = data.get("tuned_on") or {}
+    return sorted(int(m) for m in data if m.isdigit() and stamps.get(m) != kernel_revision())
+
+
+def stale_note(path: Path, data: dict[str, Any] | None = None) -> str | None:
+    """What to tell a user whose config file holds entries tuned on other kernels, or None."""
+    stale = stale_entries(json.loads(path.read_text()) if data is None else data)
+    if not stale:
+        return None
+    toks = ",".join(map(str, stale))
+    return (f"{path}: the entries for {toks} tokens were tuned on other kernels than these (revision "
+            f"{kernel_revision()}): they still run, but may no longer be the fastest; "
+            f"`moelab kernels --tune --tokens {toks}` re-tunes them")
 
 
 # The gemv path while pairs are few (at most this many) and spread thin (at most one per expert on
@@ -119,9 +178,13 @@ def save_tuned(E: int, I: int, fmt: str, device: str, configs: dict[int, dict[st
     p = d / config_file_name(E, I, fmt, device)
     # tuning some M keeps the others: those of the file being written, or else of the file in use
     # (the first one load_tuned finds, maybe in another directory)
-    kept = ({int(m): c for m, c in json.loads(p.read_text()).items() if m.isdigit()} if p.is_file()
-            else load_tuned(E, I, fmt, device) or {})
+    src = p if p.is_file() else tuned_file(E, I, fmt, device)
+    data = json.loads(src.read_text()) if src else {}
+    kept = {int(m): c for m, c in data.items() if m.isdigit()}
+    stamps = {int(m): r for m, r in (data.get("tuned_on") or {}).items() if int(m) in kept}  # kept: as they were
     merged = {**kept, **configs}
-    p.write_text(json.dumps({str(m): merged[m] for m in sorted(merged)}, indent=1) + "\n")
+    stamps.update({m: kernel_revision() for m in configs})
+    out = {"tuned_on": {str(m): stamps[m] for m in sorted(stamps)}, **{str(m): merged[m] for m in sorted(merged)}}
+    p.write_text(json.dumps(out, indent=1) + "\n")
     load_tuned.cache_clear()
     return p
