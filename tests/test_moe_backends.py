@@ -202,14 +202,14 @@ def test_gemv_path_matches_reference_in_interpreter():
     pytest.importorskip("triton")
     small = {"up": {"BLOCK_N": 8, "BLOCK_K": 32}, "down": {"BLOCK_N": 16, "BLOCK_K": 16}}
     wide = {"down": {"BLOCK_N": 8, "BLOCK_K": 16, "WIDE": True}}  # every slot in one tile; N and K tails
+    wide_nv = {"down": {"BLOCK_N": 8, "BLOCK_K": 32, "WIDE": True}}  # nvfp4: I=48, a K tail of one scale group
     cases = []
     for fmt, block, shape in _GEMV_FORMATS:
         base = {"shape": shape, "fmt": fmt, "block": block, "path": "gemv"}
         cases += [{**base, "T": 1, "x": "float32"}, {**base, "T": 3}, {**base, "T": 3, "tiles": small, "x": "float32"},
                   {**base, "T": 3, "ids": [[1, 3], [3, 0], [2, 3]], "x": "float32"}]
-        if fmt != "nvfp4":
-            cases += [{**base, "T": 3, "tiles": wide, "x": "float32"},
-                      {**base, "T": 2, "ids": [[1, 3], [3, 1]], "tiles": wide}]
+        cases += [{**base, "T": 3, "tiles": wide_nv if fmt == "nvfp4" else wide, "x": "float32"},
+                  {**base, "T": 2, "ids": [[1, 3], [3, 1]], "tiles": wide_nv if fmt == "nvfp4" else wide}]
     cases.append({"shape": [8, 3, 96, 40], "T": 2, "fmt": "fp8", "path": "gemv", "tiles": wide, "x": "float32"})  # top-3: a padded slot
     cases.append({"shape": [8, 2, 96, 40], "T": 2, "fmt": "bf16"})  # no config: the default for 4 pairs is gemv
     for r in _interpret(cases):
@@ -437,7 +437,8 @@ def test_kernel_revision_follows_code_not_prose(tmp_path):
     rev = tc.source_revision([f])
     assert rev == tc.source_revision([tc.CONFIG_DIR.parent / "triton_gemv.py"])
     f.write_text(src.replace('"""Decode-size MoE kernels', '"""Decode-size MoE kernels, reworded', 1)
-                 .replace("\nimport triton\n", "\n# a new comment\nimport triton\n", 1))
+                 .replace("\nimport triton\n", "\n# a new comment\n\nimport triton\n", 1)
+                 .replace("tl.constexpr(2.0 ** 64)", "tl.constexpr(2.0 ** 64)  # an inline one   ", 1))
     assert f.read_text() != src and tc.source_revision([f]) == rev
     f.write_text(src.replace("2.0 ** 64", "2.0 ** 63", 1))
     assert tc.source_revision([f]) != rev

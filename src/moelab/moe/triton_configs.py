@@ -11,8 +11,8 @@ BLOCK_M is shared because both tiled GEMMs walk the same aligned row list; the g
 (triton_gemv.py) need no alignment. At run time the nearest tuned M is used, with whatever path
 it records; without a file, `default_config` applies. `moelab kernels --tune` writes files.
 
-A file also records which kernels each entry was tuned on ("tuned_on": {M: kernel_revision()}, a
-fingerprint of the kernels' code). Entries from other kernels are still used (a launch config
+A file also records which kernels each entry was tuned (or last re-measured) on ("tuned_on": {M:
+kernel_revision()}, a fingerprint of the kernels' code). Entries from other kernels are still used (a launch config
 stays valid), but loading them logs a warning once: after a kernel change the fastest tiles move
 (seen on an H200: NVFP4 entries picked for a byte-wise decode ran 1.2-1.9x slower than the
 defaults once the kernels decoded whole words).
@@ -22,9 +22,11 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import io
 import json
 import logging
 import os
+import tokenize
 from pathlib import Path
 from typing import Any
 
@@ -41,18 +43,27 @@ def kernel_revision() -> str:
 
 
 def source_revision(paths: list[Path]) -> str:
-    """12 hex digits of a hash over the files' syntax trees without docstrings (and so without
-    comments or line numbers): edits to prose keep it, edits to code change it."""
+    """12 hex digits of a hash over the files' code lines: docstrings (found through the syntax
+    tree) and comments (through the tokenizer) dropped, trailing blanks and empty lines too. Edits
+    to prose keep it, edits to code change it, and it reads the same under any Python version (a
+    hash of ast.dump did not: an H200's Python 3.12 gave another one than 3.11 here)."""
     h = hashlib.sha256()
     for path in paths:
-        tree = ast.parse(path.read_text())
-        for node in ast.walk(tree):
+        src = path.read_text()
+        lines = src.splitlines()
+        docs: set[int] = set()
+        for node in ast.walk(ast.parse(src)):
             body = getattr(node, "body", None)
-            if (isinstance(node, (ast.Module, ast.FunctionDef, ast.ClassDef)) and body
+            if (isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body
                     and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
                     and isinstance(body[0].value.value, str)):
-                node.body = body[1:]
-        h.update(path.name.encode() + ast.dump(tree).encode())
+                docs.update(range(body[0].lineno, (body[0].end_lineno or body[0].lineno) + 1))
+        for tok in tokenize.generate_tokens(io.StringIO(src).readline):
+            if tok.type == tokenize.COMMENT:
+                row, col = tok.start
+                lines[row - 1] = lines[row - 1][:col]
+        code = [line.rstrip() for i, line in enumerate(lines, 1) if i not in docs and line.strip()]
+        h.update(path.name.encode() + b"\n" + "\n".join(code).encode() + b"\n")
     return h.hexdigest()[:12]
 
 
@@ -128,10 +139,10 @@ def default_config(M: int, E: int, K: int, H: int, I: int, fmt: str) -> dict[str
 
 
 def gemv_config(fmt: str = "bf16") -> dict[str, Any]:
-    """Narrow N-tiles, so that one token still makes many programs (Qwen3-30B-A3B: 384 up, 64 down;
-    bf16 and fp8 down: 512 programs of WIDE tiles, every top-k slot's weights loaded at once)."""
+    """Narrow N-tiles, so that one token still makes many programs (Qwen3-30B-A3B: 384 up, and 512
+    down, each with a WIDE tile: every top-k slot's weights loaded at once)."""
     if fmt == "nvfp4":
-        down = {"BLOCK_N": 32, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3}
+        down = {"BLOCK_N": 4, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3, "WIDE": True}
     else:
         down = {"BLOCK_N": 4, "BLOCK_K": 128, "num_warps": 2, "num_stages": 3, "WIDE": True}
     return {"path": "gemv", "up": {"BLOCK_N": 16, "BLOCK_K": 256, "num_warps": 4, "num_stages": 3}, "down": down}

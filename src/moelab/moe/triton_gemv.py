@@ -4,7 +4,7 @@ At a few tokens the tiled path (triton_kernels.py) is latency-bound: alignment l
 that are mostly padding, a [T*K, H] buffer and a torch sum. Here:
     moe_gemv_up_kernel    act[p] = silu(x[t] . gate_e) * (x[t] . up_e)   per pair p = t*K+k, e = topk_ids[p]
     moe_gemv_down_kernel  out[t] = sum_k topk_w[t, k] * (act[t*K+k] . down_e)   slots summed in-program
-                          (WIDE, bf16 and fp8: all K slots' tiles in one load, see _wide_down)
+                          (WIDE: all K slots' tiles in one load, see _wide_down)
 Each program computes a block of rows with FMAs, not tl.dot (one activation row would fill a
 sixteenth of an MMA): it loads the weight tile [rows, BLOCK_K] along K (coalesced), dequantizes it
 in registers (format codes as in triton_kernels.py), multiplies by the broadcast activation slice
@@ -163,9 +163,10 @@ def moe_gemv_down_kernel(a_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr, ids_ptr,
     are loaded once, before the loop, so no weight address in it waits on a load. On an H200 that
     measured neutral (within 1 us at 1 and 16 tokens); what sped this kernel up was the re-tune to
     small one-warp programs. At one token it still streams at about 1.4 TB/s: H/BLOCK_N programs,
-    each walking all TOPK slots one after another. WIDE (bf16 and fp8) loads every slot's tile at
-    once instead (_wide_down): on an H200 at one token the fp8 down kernel went from 9.0 to 6.1 us
-    (block-scaled fp8: 14.1 to 6.4), bf16 8.8 to 8.5.
+    each walking all TOPK slots one after another. WIDE loads every slot's tile at once instead
+    (_wide_down): on an H200 at one token the fp8 down kernel went from 9.0 to 6.1 us (block-scaled
+    fp8: 14.1 to 6.4), bf16 8.8 to 8.5, and nvfp4's gemv path (17.5 us, down 7.4) overtook the fused
+    one (19.5).
     """
     pid = tl.program_id(0)
     t = pid % num_tokens
@@ -178,7 +179,7 @@ def moe_gemv_down_kernel(a_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr, ids_ptr,
     coef = tl.load(tw_ptr + t * TOPK + slots, mask=smask, other=0.0)
     if FMT == 3:
         coef *= tl.load(g_ptr + ids, mask=smask, other=0.0)
-    if WIDE:  # bf16 and fp8: every slot's tile in one load
+    if WIDE:  # every slot's tile in one load
         out = _wide_down(a_ptr, w_ptr, s_ptr, ids, coef, smask, t, offs_n, nmask, I, stride_am,
                          stride_we, stride_wn, stride_wk, stride_se, stride_sn, stride_sk,
                          TOPK, TOPK_P2, FMT, BSN, BSK, BLOCK_N, BLOCK_K, EVEN_K, STAGES)
@@ -221,23 +222,57 @@ def _wide_down(a_ptr, w_ptr, s_ptr, ids, coef, smask, t, offs_n, nmask, I, strid
     w_rows = w_ptr + ids[:, None, None] * stride_we + offs_n[None, :, None] * stride_wn  # [S, N, 1]
     a_rows = a_ptr + (t * TOPK + s3).to(tl.int64) * stride_am  # [S, 1, 1]
     c3 = coef[:, None, None]
-    acc = tl.zeros((TOPK_P2, BLOCK_N, BLOCK_K), dtype=tl.float32)
+    if FMT == 3:
+        c3 = c3 * _NVFP4_ACT_SCALE
+        acc = tl.zeros((TOPK_P2, BLOCK_N, BLOCK_K // 16), dtype=tl.float32)  # one per scale group
+    else:
+        acc = tl.zeros((TOPK_P2, BLOCK_N, BLOCK_K), dtype=tl.float32)
     for k0 in tl.range(0, I, BLOCK_K, num_stages=STAGES):
         k3 = k0 + tl.arange(0, BLOCK_K)[None, None, :]
         if EVEN_K:
-            b = tl.load(w_rows + k3 * stride_wk, mask=m3, other=0.0).to(tl.float32)
             a = tl.load(a_rows + k3, mask=smask[:, None, None], other=0.0).to(tl.float32)
         else:
-            b = tl.load(w_rows + k3 * stride_wk, mask=m3 & (k3 < I), other=0.0).to(tl.float32)
             a = tl.load(a_rows + k3, mask=smask[:, None, None] & (k3 < I), other=0.0).to(tl.float32)
-        if FMT == 2:  # fp8 block scales of the tile (BLOCK_K <= BSK)
-            b *= tl.load(s_ptr + ids[:, None, None] * stride_se + (offs_n[None, :, None] // BSN) * stride_sn
-                         + (k0 // BSK) * stride_sk, mask=m3, other=0.0)
-        acc = tl.fma(b, a * c3, acc)
+        if FMT == 3:  # as _row_products: uint32 words of 8 values, FMAs per word, a scale per group
+            w8 = k0 // 8 + tl.arange(0, BLOCK_K // 8)[None, None, :]
+            g = k0 // 16 + tl.arange(0, BLOCK_K // 16)[None, None, :]
+            p = tl.load(w_rows.to(tl.pointer_type(tl.uint32)) + w8, mask=m3 & (w8 * 8 < I), other=0)  # [S, N, BK/8]
+            sc = tl.load(s_ptr + ids[:, None, None] * stride_se + offs_n[None, :, None] * stride_sn + g * stride_sk,
+                         mask=m3 & (g * 16 < I), other=0.0).to(tl.float32)  # [S, N, BK/16]
+            x = tl.reshape(a * c3, (TOPK_P2, 1, BLOCK_K // 8, 2, 2, 2))  # [s, 1, w, h, b, c]: element 8w + 4h + 2b + c
+            x_c0, x_c1 = tl.split(x)
+            x_00, x_10 = tl.split(x_c0)
+            x_01, x_11 = tl.split(x_c1)
+            x0, x4 = tl.split(x_00)
+            x2, x6 = tl.split(x_10)
+            x1, x5 = tl.split(x_01)
+            x3, x7 = tl.split(x_11)
+            v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_words(p)
+            part = v0 * x0
+            part = tl.fma(v1, x1, part)
+            part = tl.fma(v2, x2, part)
+            part = tl.fma(v3, x3, part)
+            part = tl.fma(v4, x4, part)
+            part = tl.fma(v5, x5, part)
+            part = tl.fma(v6, x6, part)
+            part = tl.fma(v7, x7, part)
+            part = tl.sum(tl.reshape(part, (TOPK_P2, BLOCK_N, BLOCK_K // 16, 2)), 3)
+            acc = tl.fma(part, sc, acc)
+        else:
+            if EVEN_K:
+                b = tl.load(w_rows + k3 * stride_wk, mask=m3, other=0.0).to(tl.float32)
+            else:
+                b = tl.load(w_rows + k3 * stride_wk, mask=m3 & (k3 < I), other=0.0).to(tl.float32)
+            if FMT == 2:  # fp8 block scales of the tile (BLOCK_K <= BSK)
+                b *= tl.load(s_ptr + ids[:, None, None] * stride_se + (offs_n[None, :, None] // BSN) * stride_sn
+                             + (k0 // BSK) * stride_sk, mask=m3, other=0.0)
+            acc = tl.fma(b, a * c3, acc)
     out = tl.sum(acc, 2)  # [S, N]
     if FMT == 1:  # per-channel scales, once per (slot, row)
         out *= tl.load(s_ptr + ids[:, None] * stride_se + offs_n[None, :] * stride_sn,
                        mask=smask[:, None] & nmask[None, :], other=0.0)
+    if FMT == 3:
+        out *= _NVFP4_UNSCALE
     return tl.sum(out, 0)
 
 
@@ -264,8 +299,9 @@ def moe_fused_kernel(x_ptr, w13_ptr, s13_ptr, g13_ptr, w2_ptr, s2_ptr, g2_ptr, o
     On an H200 (Qwen3-30B-A3B, one token) it saves the second launch but not time: fp8 18.9 us
     against 18.4 for the gemv path. The gate/up half alone took 9.9 us; the down half alone 12.9,
     because each program reads a BLOCK_I-wide strip of every down row (32 bytes at BLOCK_I=32 in
-    fp8), which streams at about 1 TB/s; the atomics cost 1.4. It wins for nvfp4 at 1-4 tokens
-    (4: 45.3 against 51.1 us), where decoding, not streaming, bounds both paths.
+    fp8), which streams at about 1 TB/s; the atomics cost 1.4. It wins for nvfp4 at 2-4 tokens
+    (4: 45.3 against 51.1 us), where decoding, not streaming, bounds both paths; at one token the
+    gemv path with WIDE down tiles beats it (17.5 against 19.5 us).
     """
     pid = tl.program_id(0)
     pair = pid % num_pairs

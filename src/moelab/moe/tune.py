@@ -33,14 +33,14 @@ def gemv_tiles(stage: str, fmt: str = "bf16", top_k: int = 8) -> list[dict]:
     """16-128 fp32 accumulators per thread: fewer starve the weight stream, more spill. The up
     kernel's tile stacks gate and up rows, so it holds 2*BLOCK_N rows. (The H200 winners were 4-16
     rows a program on one or two warps: many small programs keep more loads in flight.) The down
-    kernel also tries WIDE tiles, every top-k slot at once (bf16 and fp8), which hold
-    next_pow2(top_k) * BLOCK_N rows (H200, fp8 at one token: down kernel 9.0 -> 6.1 us)."""
+    kernel also tries WIDE tiles, every top-k slot at once, which hold next_pow2(top_k) * BLOCK_N
+    rows (H200, fp8 at one token: down kernel 9.0 -> 6.1 us)."""
     rows = 2 if stage == "up" else 1
     out = []
     for bn, bk, nw, ns in itertools.product((4, 8, 16, 32), (128, 256, 512), (1, 2, 4, 8), (2, 3, 4)):
         if 16 <= rows * bn * bk // (32 * nw) <= 128:
             out.append({"BLOCK_N": bn, "BLOCK_K": bk, "num_warps": nw, "num_stages": ns})
-    if stage == "down" and fmt != "nvfp4":
+    if stage == "down":
         slots = 1 << max(0, top_k - 1).bit_length()
         for bn, bk, nw, ns in itertools.product((2, 4, 8, 16), (128, 256), (1, 2, 4, 8), (2, 3)):
             if 16 <= slots * bn * bk // (32 * nw) <= 128:
