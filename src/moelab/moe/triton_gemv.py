@@ -45,6 +45,29 @@ def _act(a_ptr, k0, K, FMT: tl.constexpr, BK: tl.constexpr, EVEN_K: tl.constexpr
 
 
 @triton.jit
+def _word_products(p, x):
+    """Per uint32 word of 8 nvfp4 values, the sum of value * activation: p [..., W] words, x
+    [..., W, 2, 2, 2] the activations (element 8w + 4h + 2b + c at [w, h, b, c]), its leading dims
+    broadcastable to p's. Returns [..., W] in fp32 (values * 2**-126: see e2m1_words)."""
+    x_c0, x_c1 = tl.split(x)
+    x_00, x_10 = tl.split(x_c0)
+    x_01, x_11 = tl.split(x_c1)
+    x0, x4 = tl.split(x_00)
+    x2, x6 = tl.split(x_10)
+    x1, x5 = tl.split(x_01)
+    x3, x7 = tl.split(x_11)
+    v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_words(p)
+    part = v0 * x0
+    part = tl.fma(v1, x1, part)
+    part = tl.fma(v2, x2, part)
+    part = tl.fma(v3, x3, part)
+    part = tl.fma(v4, x4, part)
+    part = tl.fma(v5, x5, part)
+    part = tl.fma(v6, x6, part)
+    return tl.fma(v7, x7, part)
+
+
+@triton.jit
 def _row_products(acc, a, w_base, s_base, rows, rmask, k0, K,
                   stride_wn, stride_wk, stride_sn, stride_sk,
                   FMT: tl.constexpr, TILE_SCALE: tl.constexpr, BSN: tl.constexpr, BSK: tl.constexpr,
@@ -69,23 +92,7 @@ def _row_products(acc, a, w_base, s_base, rows, rmask, k0, K,
             p = tl.load(words[:, None] + w8[None, :], mask=rmask[:, None] & (w8 * 8 < K)[None, :], other=0)
             s = tl.load(s_base + rows[:, None] * stride_sn + g[None, :] * stride_sk,
                         mask=rmask[:, None] & (g * 16 < K)[None, :], other=0.0)
-        x = tl.reshape(a, (BK // 8, 2, 2, 2))  # [w, h, b, c]: element 8w + 4h + 2b + c
-        x_c0, x_c1 = tl.split(x)
-        x_00, x_10 = tl.split(x_c0)
-        x_01, x_11 = tl.split(x_c1)
-        x0, x4 = tl.split(x_00)
-        x2, x6 = tl.split(x_10)
-        x1, x5 = tl.split(x_01)
-        x3, x7 = tl.split(x_11)
-        v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_words(p)
-        part = v0 * x0[None, :]
-        part = tl.fma(v1, x1[None, :], part)
-        part = tl.fma(v2, x2[None, :], part)
-        part = tl.fma(v3, x3[None, :], part)
-        part = tl.fma(v4, x4[None, :], part)
-        part = tl.fma(v5, x5[None, :], part)
-        part = tl.fma(v6, x6[None, :], part)
-        part = tl.fma(v7, x7[None, :], part)
+        part = _word_products(p, tl.reshape(a, (1, BK // 8, 2, 2, 2)))  # [R, BK/8]
         part = tl.sum(tl.reshape(part, (part.shape[0], BK // 16, 2)), 2)  # [R, BK/16]
         acc = tl.fma(part, s.to(tl.float32), acc)
     else:
@@ -239,23 +246,7 @@ def _wide_down(a_ptr, w_ptr, s_ptr, ids, coef, smask, t, offs_n, nmask, I, strid
             p = tl.load(w_rows.to(tl.pointer_type(tl.uint32)) + w8, mask=m3 & (w8 * 8 < I), other=0)  # [S, N, BK/8]
             sc = tl.load(s_ptr + ids[:, None, None] * stride_se + offs_n[None, :, None] * stride_sn + g * stride_sk,
                          mask=m3 & (g * 16 < I), other=0.0).to(tl.float32)  # [S, N, BK/16]
-            x = tl.reshape(a * c3, (TOPK_P2, 1, BLOCK_K // 8, 2, 2, 2))  # [s, 1, w, h, b, c]: element 8w + 4h + 2b + c
-            x_c0, x_c1 = tl.split(x)
-            x_00, x_10 = tl.split(x_c0)
-            x_01, x_11 = tl.split(x_c1)
-            x0, x4 = tl.split(x_00)
-            x2, x6 = tl.split(x_10)
-            x1, x5 = tl.split(x_01)
-            x3, x7 = tl.split(x_11)
-            v0, v1, v2, v3, v4, v5, v6, v7 = e2m1_words(p)
-            part = v0 * x0
-            part = tl.fma(v1, x1, part)
-            part = tl.fma(v2, x2, part)
-            part = tl.fma(v3, x3, part)
-            part = tl.fma(v4, x4, part)
-            part = tl.fma(v5, x5, part)
-            part = tl.fma(v6, x6, part)
-            part = tl.fma(v7, x7, part)
+            part = _word_products(p, tl.reshape(a * c3, (TOPK_P2, 1, BLOCK_K // 8, 2, 2, 2)))  # [S, N, BK/8]
             part = tl.sum(tl.reshape(part, (TOPK_P2, BLOCK_N, BLOCK_K // 16, 2)), 3)
             acc = tl.fma(part, sc, acc)
         else:
