@@ -210,7 +210,8 @@ def test_gemv_path_matches_reference_in_interpreter():
                   {**base, "T": 3, "ids": [[1, 3], [3, 0], [2, 3]], "x": "float32"}]
         cases += [{**base, "T": 3, "tiles": wide_nv if fmt == "nvfp4" else wide, "x": "float32"},
                   {**base, "T": 2, "ids": [[1, 3], [3, 1]], "tiles": wide_nv if fmt == "nvfp4" else wide}]
-    cases.append({"shape": [8, 3, 96, 40], "T": 2, "fmt": "fp8", "path": "gemv", "tiles": wide, "x": "float32"})  # top-3: a padded slot
+    # top-3: WIDE tiles hold a fourth, masked slot
+    cases.append({"shape": [8, 3, 96, 40], "T": 2, "fmt": "fp8", "path": "gemv", "tiles": wide, "x": "float32"})
     cases.append({"shape": [8, 2, 96, 40], "T": 2, "fmt": "bf16"})  # no config: the default for 4 pairs is gemv
     for r in _interpret(cases):
         c = r["case"]
@@ -309,7 +310,7 @@ def test_tuner_search_space_holds_every_shipped_config():
                 assert cfg in fused_tiles(fmt), (f.name, m)
                 continue
             for stage in ("up", "down"):
-                pool = gemv_tiles(stage, fmt) if cfg.get("path") == "gemv" else tiled_tiles(cfg["BLOCK_M"], stage, fmt)
+                pool = gemv_tiles(stage) if cfg.get("path") == "gemv" else tiled_tiles(cfg["BLOCK_M"], stage, fmt)
                 assert cfg[stage] in pool, (f.name, m, stage)
             if cfg.get("path") != "gemv":
                 assert cfg["BLOCK_M"] in block_m_candidates(int(m), E, 8, fmt), (f.name, m)  # shipped: top-8 models

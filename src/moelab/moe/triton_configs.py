@@ -11,11 +11,11 @@ BLOCK_M is shared because both tiled GEMMs walk the same aligned row list; the g
 (triton_gemv.py) need no alignment. At run time the nearest tuned M is used, with whatever path
 it records; without a file, `default_config` applies. `moelab kernels --tune` writes files.
 
-A file also records which kernels each entry was tuned (or last re-measured) on ("tuned_on": {M:
-kernel_revision()}, a fingerprint of the kernels' code). Entries from other kernels are still used (a launch config
-stays valid), but loading them logs a warning once: after a kernel change the fastest tiles move
-(seen on an H200: NVFP4 entries picked for a byte-wise decode ran 1.2-1.9x slower than the
-defaults once the kernels decoded whole words).
+A file also records which kernels each entry was tuned (or last re-measured) on: "tuned_on":
+{M: kernel_revision()}, a fingerprint of the kernels' code. Entries from other kernels are still
+used (a launch config stays valid), but loading them logs a warning once, and `moelab kernels`
+notes them: after a kernel change the fastest tiles move (seen on an H200: NVFP4 entries picked
+for a byte-wise decode ran 1.2-1.9x slower than the defaults once the kernels decoded words).
 """
 from __future__ import annotations
 

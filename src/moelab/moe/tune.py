@@ -29,7 +29,7 @@ from moelab.moe.triton_runner import TritonRunner, fp8_dots
 KERNELS = {"up": ("moe_gemv_up_kernel", "moe_up_kernel"), "down": ("moe_gemv_down_kernel", "moe_down_kernel")}
 
 
-def gemv_tiles(stage: str, fmt: str = "bf16", top_k: int = 8) -> list[dict]:
+def gemv_tiles(stage: str, top_k: int = 8) -> list[dict]:
     """16-128 fp32 accumulators per thread: fewer starve the weight stream, more spill. The up
     kernel's tile stacks gate and up rows, so it holds 2*BLOCK_N rows. (The H200 winners were 4-16
     rows a program on one or two warps: many small programs keep more loads in flight.) The down
@@ -166,7 +166,7 @@ def tune(spec: dict, emit: Callable[[dict[str, Any]], None]) -> None:
             results.append(("fused", us, cfg, {}))
         if T * K <= GEMV_TUNE_MAX_PAIRS:
             cfg, per = best_pair(lambda u, d: {"path": "gemv", "up": u, "down": d},
-                                 thin(gemv_tiles("up", fmt, K), n), thin(gemv_tiles("down", fmt, K), n), w, inputs)
+                                 thin(gemv_tiles("up", K), n), thin(gemv_tiles("down", K), n), w, inputs)
             if cfg:
                 results.append(("gemv", _whole_us(cfg, w, inputs), cfg, per))
         for bm in block_m_candidates(T, E, K, fmt):
