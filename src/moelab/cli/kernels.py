@@ -103,11 +103,10 @@ def kernels(
         notes.append(f"{calib['device']}: copy {calib['copy_bw_bytes_s'] / 1e12:.2f} TB/s, "
                      f"bf16 matmul {calib['bf16_flops_s'] / 1e12:.0f} TFLOP/s (measured now)")
         if "triton" in names and not tune:  # a tuned file from other kernels: say so before timing with it
-            from moelab.moe.triton_configs import CONFIG_DIR, config_dirs, stale_note, tuned_file
+            from moelab.moe.triton_configs import stale_note, tuned_file
 
-            dirs = [Path(config_dir), CONFIG_DIR] if config_dir else config_dirs()  # as the workers see them
-            for fmt in fmts:
-                f = tuned_file(E, I, fmt, calib["device"].replace(" ", "_"), dirs)
+            for fmt in fmts:  # the file the workers will use (they get config_dir as MOELAB_MOE_CONFIG_DIR)
+                f = tuned_file(E, I, fmt, calib["device"].replace(" ", "_"), config_dir)
                 note = f and stale_note(f)
                 if note:
                     notes.append(note)

@@ -77,15 +77,15 @@ def config_file_name(E: int, I: int, fmt: str, device: str) -> str:
     return f"E={E},N={I},device_name={device},fmt={fmt}.json"
 
 
-def config_dirs() -> list[Path]:
-    extra = os.environ.get("MOELAB_MOE_CONFIG_DIR")  # a user's own tuned files win
+def config_dirs(extra: str | Path | None = None) -> list[Path]:
+    """Where tuned files are looked for: extra (else $MOELAB_MOE_CONFIG_DIR), whose files win, then the shipped ones."""
+    extra = extra or os.environ.get("MOELAB_MOE_CONFIG_DIR")
     return ([Path(extra)] if extra else []) + [CONFIG_DIR]
 
 
-def tuned_file(E: int, I: int, fmt: str, device: str, dirs: list[Path] | None = None) -> Path | None:
-    """The config file in use for this shape, format and GPU: the first of dirs (config_dirs()) that has one."""
-    return next((p for p in (d / config_file_name(E, I, fmt, device) for d in dirs or config_dirs()) if p.is_file()),
-                None)
+def tuned_file(E: int, I: int, fmt: str, device: str, extra: str | Path | None = None) -> Path | None:
+    """The config file in use for this shape, format and GPU: the first of config_dirs(extra) that has one."""
+    return next((p for p in (d / config_file_name(E, I, fmt, device) for d in config_dirs(extra)) if p.is_file()), None)
 
 
 @functools.lru_cache(maxsize=64)
