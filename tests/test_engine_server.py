@@ -31,14 +31,15 @@ class Serve:
     """`python -m moelab.cli serve ARGS --port P` (on CPU unless ARGS say otherwise), ready when it logs
     phase=ready; TERM on close."""
 
-    def __init__(self, *args: str, log: Path) -> None:
+    def __init__(self, *args: str, log: Path, env: dict[str, str] | None = None) -> None:
         if "--device" not in args:  # the same model and numbers on a GPU machine too
             args = (*args, "--device", "cpu")
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
         self.proc = subprocess.Popen([sys.executable, "-m", "moelab.cli", "serve", *args, "--port", str(self.port)],
-                                     stdout=subprocess.PIPE, stderr=log.open("w"), start_new_session=True, text=True)
+                                     stdout=subprocess.PIPE, stderr=log.open("w"), start_new_session=True, text=True,
+                                     env={**os.environ, **(env or {})})
         deadline = time.monotonic() + 90
         while "phase=ready" not in log.read_text():
             assert self.proc.poll() is None, f"server died: {log.read_text()}"

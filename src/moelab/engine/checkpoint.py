@@ -182,7 +182,7 @@ def load_checkpoint(model_dir: Path, dtype: torch.dtype, device: torch.device, p
             x = t[name]
             if tuple(x.shape) != shape:
                 raise ModelLoadError(f"tensor {name!r} has shape {tuple(x.shape)}; config.json implies {shape}")
-            dense[name] = x.to(device=device, dtype=dtype)
+            dense[name] = _fresh(x, dtype, device)
         experts: list[ExpertWeights] = []
         for i in range(cfg.num_hidden_layers):
             w = experts_from_checkpoint(t, f"model.layers.{i}.mlp.experts", cfg.num_experts, quant)
@@ -199,6 +199,18 @@ def load_checkpoint(model_dir: Path, dtype: torch.dtype, device: torch.device, p
         msg = e.args[0] if isinstance(e, KeyError) and e.args else e
         raise ModelLoadError(f"cannot read the weights in {model_dir}: {msg}") from None
     return cfg, dense, experts
+
+
+def _fresh(x: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """`x` copied into an allocation of torch's own, never a view of the safetensors buffer.
+
+    safetensors hands out CPU tensors at the file's data offsets, 8-byte aligned (torch's own
+    allocations are 64-byte aligned). MKL's sgemm takes alignment-dependent code paths on CPUs
+    where it does not use AVX-512 (AMD EPYC; `MKL_ENABLE_INSTRUCTIONS=SSE4_2` on Intel), and there
+    a misaligned lm_head changed logprobs in the 7th digit against the same preset built in memory.
+    A fresh copy makes a saved-and-loaded model compute bit for bit like the preset it came from.
+    """
+    return x.to(device=device, dtype=dtype, copy=True, memory_format=torch.contiguous_format)
 
 
 def _to(w: ExpertWeights, dtype: torch.dtype, device: torch.device, fmt: str) -> ExpertWeights:
