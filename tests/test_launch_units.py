@@ -26,16 +26,18 @@ def test_parse_size_refuses_with_an_example(bad):
 
 
 def test_secrets_from_env_names_and_flags_are_masked(tmp_path, monkeypatch):
+    from moelab.secrets import Secrets
+
     monkeypatch.setenv("HF_TOKEN", "hf_supersecret")
     argv = ["vllm", "serve", "m", "--api-key", "sk-one", "--hf-token=hf_two", "--port", "8000"]
     env = trial.repro_env({"NCCL_P2P_DISABLE": "1", "OPENAI_API_KEY": "sk-three"}, {"PYTHONUNBUFFERED": "1"})
-    secrets = trial.secret_values(argv, {"OPENAI_API_KEY": "sk-three", "HF_TOKEN": "hf_supersecret"})
+    secrets = Secrets.gather(env={"OPENAI_API_KEY": "sk-three"}, argv=argv)
     trial.write_repro(tmp_path / "repro.sh", argv, env, LaunchSpec(engine="vllm"), secrets)
     text = (tmp_path / "repro.sh").read_text()
     for s in ("sk-one", "hf_two", "sk-three", "hf_supersecret"):
         assert s not in text
     assert "export NCCL_P2P_DISABLE=1" in text and "--api-key '***'" in text and "exec vllm serve m" in text
-    assert trial.mask("key sk-one here", secrets) == "key *** here"
+    assert secrets.text("key sk-one here") == "key *** here"
 
 
 def test_cgroup_v2_counters_are_read(tmp_path):

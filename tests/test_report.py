@@ -62,7 +62,11 @@ def test_markdown_puts_the_recommendation_first(tmp_path):
     assert first < md.index("## Verdicts") < md.index("## Trials")
     assert "`moe-runner-backend=reference quantization=none`" in md  # tied with grouped: fewest changes wins
     assert "Statistically tied with: `moe-runner-backend=grouped quantization=none`" in md
-    assert "moelab serve --preset tiny --moe-runner-backend reference --quantization none --port 40001" in md
+    assert "the pick is also the fastest of them" in md  # not "fewest changes": that did not decide it
+    # the user's command again: not the port moelab picked for the trial (the engine's default applies)
+    assert "moelab serve --preset tiny --moe-runner-backend reference --quantization none\n" in md
+    assert "--port 40001" not in md.split("## Trials")[0]
+    assert "| moe-runner-backend=reference quantization=none **(recommended)** | 900.0 |" in md
     assert "| triton | bad_args | bad_args (pruned) |" in md
 
 

@@ -83,6 +83,8 @@ class LaunchSpec(BaseModel):
     gpus: list[int] | None = None  # CUDA_VISIBLE_DEVICES for the server; None = inherit
     memory_limit_bytes: int | None = None  # host memory cgroup limit for the whole tree
     timeout_s: float = 300.0  # readiness deadline
+    # the key moelab sends as a bearer token (never stored, printed or hashed: excluded from dumps)
+    api_key: str | None = Field(None, exclude=True, repr=False)
 
     def flag(self, name: str) -> str | None:
         """Value of `--name X` or `--name=X` in args (last one wins), else None."""

@@ -6,15 +6,26 @@ the raw load samples, the telemetry summary and the paths of the logs. A row is 
 `running` before launch and completed after; rows still `running` when a study resumes were
 interrupted, are marked so, and their trials run again. `key` identifies the exact (engine version,
 GPU, driver, model, flags, env), so a later study can reuse a verdict instead of relaunching.
+
+Nothing secret is stored: every document is masked by the store's `Secrets` on the way in, and
+environments, argv and flags are masked by name again on the way out (a store written by an
+older moelab). One run writes a store at a time: `Store.lock()` takes an exclusive lock on
+`<store>.lock`, which the kernel releases however the holder ends; a second writer learns who
+holds it.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
+import os
 import sqlite3
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from moelab.secrets import NONE, Secrets
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS studies (
@@ -37,34 +48,84 @@ JSON_COLS = ("changes", "flags", "args", "env", "fingerprint", "verdict", "metri
 TRIAL_COLS = ("seq", "stage", "rep", "label", "key", "engine", "model", *JSON_COLS, "status", "cause", "phase",
               "reused_from", "started", "finished")
 DONE = ("done", "pruned", "reused")  # a finished trial: never run again on resume
+# Columns that hold environments, argv or flags: masked by name again when read.
+_NAMED = ("env", "args", "flags", "command", "spec", "recommendation", "verdict")
+
+
+class StoreError(Exception):
+    """The store cannot be used: not a database, or written by another run (the message says who)."""
 
 
 def trial_key(engine: str, fingerprint: dict, model: str | None, args: list[str], env: dict[str, str]) -> str:
     """Hash of exactly what a verdict depends on: engine version, GPU, driver, model, flags, env."""
     fp = {k: fingerprint.get(k) for k in ("engine_version", "gpu", "sm", "gpu_count", "driver", "cuda", "torch")}
-    doc = json.dumps([engine, fp, model, args, sorted(env.items())], sort_keys=True, default=str)
+    # masked by name: a secret never enters the hash, and another token is the same configuration
+    doc = json.dumps([engine, fp, model, NONE.argv(args), sorted(NONE.env(env).items())], sort_keys=True, default=str)
     return hashlib.sha256(doc.encode()).hexdigest()[:20]
 
 
-def _dump(v: Any) -> str | None:
-    return None if v is None else json.dumps(v, default=str)
-
-
 class Store:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, secrets: Secrets = NONE) -> None:
         self.path = Path(path)
+        self.secrets = secrets
+        self._lock_fd: int | None = None
+        if self.path.is_dir():
+            raise StoreError(f"{self.path} is a folder, not a store: give the path of a .db file")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # autocommit: every statement is durable when it returns (a kill loses nothing finished)
         self.db = sqlite3.connect(self.path, isolation_level=None, timeout=30)
         self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.executescript(SCHEMA)
-        cols = {r["name"] for r in self.db.execute("PRAGMA table_info(studies)")}
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.executescript(SCHEMA)
+            cols = {r["name"] for r in self.db.execute("PRAGMA table_info(studies)")}
+        except sqlite3.DatabaseError as e:
+            self.db.close()
+            raise StoreError(f"{self.path} is not a moelab store ({e}): give the .db file `moelab study "
+                             "--store` wrote, or a new path to start one") from None
         if "extra" not in cols:  # a store written before strategy results were kept
             self.db.execute("ALTER TABLE studies ADD COLUMN extra TEXT")
 
     def close(self) -> None:
+        self.unlock()
         self.db.close()
+
+    # -- one writer at a time -----------------------------------------------------------------
+    @property
+    def lock_path(self) -> Path:
+        return self.path.with_name(self.path.name + ".lock")
+
+    def lock(self, what: str = "") -> None:
+        """Take the store's writer lock, or raise StoreError naming the run that holds it."""
+        if self._lock_fd is not None:
+            return
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 4096, 0).decode(errors="replace")
+            os.close(fd)
+            try:
+                h = json.loads(holder)
+                who = (f"moelab pid {h['pid']} ({h.get('what') or 'a study'}), running since "
+                       f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(h['started']))}")
+            except (ValueError, KeyError, TypeError):
+                who = "another moelab run"
+            raise StoreError(f"{self.path} is being written by {who}: wait for it to finish, or give this run "
+                             "another --store") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({"pid": os.getpid(), "what": what or " ".join(sys.argv[1:3]),
+                                  "started": time.time()}).encode(), 0)
+        self._lock_fd = fd
+
+    def unlock(self) -> None:
+        if self._lock_fd is not None:
+            os.ftruncate(self._lock_fd, 0)
+            os.close(self._lock_fd)  # closing the descriptor releases the flock
+            self._lock_fd = None
+
+    def _dump(self, v: Any) -> str | None:
+        return None if v is None else json.dumps(self.secrets.data(v), default=str)
 
     def __enter__(self) -> "Store":
         return self
@@ -83,14 +144,14 @@ class Store:
             self.db.execute("UPDATE studies SET updated=?, status='running' WHERE id=?", (now, row["id"]))
             return row["id"], True
         cur = self.db.execute("INSERT INTO studies(name, spec_hash, spec, fingerprint, created, updated, status) "
-                              "VALUES (?,?,?,?,?,?, 'running')", (name, h, _dump(spec), _dump(fingerprint), now, now))
+                              "VALUES (?,?,?,?,?,?, 'running')", (name, h, self._dump(spec), self._dump(fingerprint), now, now))
         return cur.lastrowid, False
 
     def finish_study(self, study_id: int, recommendation: dict | None, status: str = "done",
                      extra: dict | None = None) -> None:
         """Store the outcome; `extra` holds strategy results such as bisect's minimal failing set."""
         self.db.execute("UPDATE studies SET recommendation=?, status=?, updated=?, extra=? WHERE id=?",
-                        (_dump(recommendation), status, time.time(), _dump(extra), study_id))
+                        (self._dump(recommendation), status, time.time(), self._dump(extra), study_id))
 
     def studies(self) -> list[dict]:
         return [self._study(r) for r in self.db.execute("SELECT * FROM studies ORDER BY id")]
@@ -105,6 +166,8 @@ class Store:
         d = dict(r)
         for k in ("spec", "fingerprint", "recommendation", "extra"):
             d[k] = json.loads(d[k]) if d[k] else None
+            if k in _NAMED:
+                d[k] = NONE.data(d[k])
         return d
 
     def mark_interrupted(self, study_id: int) -> int:
@@ -119,8 +182,8 @@ class Store:
         cur = self.db.execute(
             "INSERT INTO trials(study_id, seq, stage, rep, label, key, engine, model, changes, flags, args, env, "
             "fingerprint, status, started) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?, 'running', ?)",
-            (study_id, seq, stage, rep, label, key, engine, model, _dump(changes), _dump(flags), _dump(args),
-             _dump(env), _dump(fingerprint), time.time()))
+            (study_id, seq, stage, rep, label, key, engine, model, self._dump(changes), self._dump(flags), self._dump(args),
+             self._dump(env), self._dump(fingerprint), time.time()))
         return cur.lastrowid
 
     def finish_trial(self, trial_id: int, *, status: str, verdict: dict, metrics: dict | None = None,
@@ -129,8 +192,8 @@ class Store:
         self.db.execute(
             "UPDATE trials SET status=?, cause=?, phase=?, verdict=?, metrics=?, samples=?, telemetry=?, paths=?, "
             "command=?, reused_from=?, finished=? WHERE id=?",
-            (status, verdict.get("cause"), verdict.get("phase"), _dump(verdict), _dump(metrics), _dump(samples),
-             _dump(telemetry), _dump(paths), _dump(command), reused_from, time.time(), trial_id))
+            (status, verdict.get("cause"), verdict.get("phase"), self._dump(verdict), self._dump(metrics), self._dump(samples),
+             self._dump(telemetry), self._dump(paths), self._dump(command), reused_from, time.time(), trial_id))
 
     def done_trial(self, study_id: int, stage: str, key: str, rep: int) -> dict | None:
         """This study's finished trial for (stage, key, rep): what a resume reuses."""
@@ -158,6 +221,8 @@ class Store:
         d = dict(r)
         for k in JSON_COLS:
             d[k] = json.loads(d[k]) if d[k] else None
+            if k in _NAMED:
+                d[k] = NONE.data(d[k])
         return d
 
     # -- export / import ---------------------------------------------------------------------
@@ -179,13 +244,13 @@ class Store:
                 continue
             cur = self.db.execute(
                 "INSERT INTO studies(name, spec_hash, spec, fingerprint, created, updated, status, recommendation, extra) "
-                "VALUES (?,?,?,?,?,?,?,?,?)", (s["name"], s["spec_hash"], _dump(s["spec"]), _dump(s["fingerprint"]),
-                                               s["created"], s["updated"], s["status"], _dump(s["recommendation"]),
-                                               _dump(s.get("extra"))))
+                "VALUES (?,?,?,?,?,?,?,?,?)", (s["name"], s["spec_hash"], self._dump(s["spec"]), self._dump(s["fingerprint"]),
+                                               s["created"], s["updated"], s["status"], self._dump(s["recommendation"]),
+                                               self._dump(s.get("extra"))))
             added_s += 1
             for t in (t for t in doc["trials"] if t["study_id"] == s["id"]):
                 cols = [c for c in TRIAL_COLS if c in t]
-                vals = [_dump(t[c]) if c in JSON_COLS else t[c] for c in cols]
+                vals = [self._dump(t[c]) if c in JSON_COLS else t[c] for c in cols]
                 self.db.execute(f"INSERT INTO trials(study_id, {', '.join(cols)}) VALUES (?{', ?' * len(cols)})",
                                 [cur.lastrowid, *vals])
                 added_t += 1

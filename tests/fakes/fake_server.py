@@ -11,6 +11,8 @@ Stdlib only, so it behaves like an engine process and not like moelab. Modes (--
   hang_ready  serve one completion (readiness), then every request blocks forever and logging stops
   steal       a helper child takes the port first, then this process fails to bind (Errno 98), exit 1
   grandchild  like ok, but first leave a grandchild behind in a session of its own
+--api-key KEY: every route but /health answers 401 without `Authorization: Bearer KEY` (as vLLM).
+--children N: start N worker children in the server's own process group first (a TP-like tree).
 """
 from __future__ import annotations
 
@@ -36,6 +38,14 @@ def log(msg: str, rank: str | None = None) -> None:
 class Handler(BaseHTTPRequestHandler):
     mode = "ok"
     served = 0
+    api_key: str | None = None
+
+    def _refused(self) -> bool:
+        if self.api_key and self.path != "/health" and \
+                self.headers.get("Authorization") != f"Bearer {self.api_key}":
+            self._json(401, {"error": {"message": "Unauthorized", "type": "invalid_request_error"}})
+            return True
+        return False
 
     def log_message(self, fmt, *args):  # keep the log scripted
         pass
@@ -51,6 +61,8 @@ class Handler(BaseHTTPRequestHandler):
     def do_GET(self):
         if BLOCK.is_set():
             threading.Event().wait()
+        if self._refused():
+            return
         if self.path == "/health":
             self._json(200, {})
         elif self.path == "/v1/models":
@@ -63,6 +75,8 @@ class Handler(BaseHTTPRequestHandler):
             threading.Event().wait()
         n = int(self.headers.get("Content-Length") or 0)
         req = json.loads(self.rfile.read(n) or b"{}")
+        if self._refused():
+            return
         Handler.served += 1
         self._json(200, {"id": "cmpl-1", "object": "text_completion", "model": req.get("model"),
                          "choices": [{"index": 0, "text": " Paris", "finish_reason": "length"}],
@@ -92,7 +106,12 @@ def main() -> None:
     ap.add_argument("--port", type=int, required=True)
     ap.add_argument("--tag", default="", help="ignored; lets a test find its own processes")
     ap.add_argument("--api-key", default=None, help="accepted like a real server's, never printed")
+    ap.add_argument("--children", type=int, default=0, help="worker children to start first")
     a = ap.parse_args()
+    Handler.api_key = a.api_key
+    workers = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"]) for _ in range(a.children)]
+    if workers:
+        log(f"started {len(workers)} worker process(es): {' '.join(str(w.pid) for w in workers)}")
     load_phases()
     if a.mode in ("ok", "hang_ready"):
         serve(a.port, a.mode)

@@ -24,13 +24,17 @@ def bench(
     weight_format: str = typer.Option("bf16", "--format", help="Weight format (tolerance of the under-load probe)."),
     tokenizer: Path = typer.Option(None, "--tokenizer", help="The model's tokenizer.json, for exact prompt lengths."),
     seed: int = typer.Option(0, "--seed"),
+    api_key: str = typer.Option(None, "--api-key", help="Bearer token for servers started with an API key "
+                                "(default: $MOELAB_API_KEY, then $OPENAI_API_KEY); never printed."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document (raw samples included)."),
 ) -> None:
     """Measure TTFT / ITL / TPOT / E2E, tokens/s and goodput; mark a run invalid rather than print a wrong number."""
-    from moelab.cli.output import emit_json, fail
+    from moelab.cli.output import emit_json, fail, http_refusal
     from moelab.load import Workload, parse_points, parse_slo, sweep
-    from moelab.probe import ServerUnreachable, tolerance_for
+    from moelab.probe import RequestFailed, ServerUnreachable, tolerance_for
+    from moelab.secrets import api_key as resolve_key
 
+    key = resolve_key(api_key)
     if concurrency and request_rate:
         fail("give --concurrency or --request-rate, not both")
     for p, what in ((dataset, "dataset"), (reference, "reference"), (tokenizer, "tokenizer")):
@@ -43,9 +47,11 @@ def bench(
         first = {"request_rate": points[0]} if request_rate else {"concurrency": int(points[0])}
         w = Workload(**first, input_len=input_len, output_len=output_len, dataset=dataset, num_prompts=num_prompts,
                      slo=parse_slo(slo), seed=seed, weight_format=weight_format, tokenizer=tokenizer)
-        results = sweep(url, w, points, by=by, model=model, reference=reference, progress=not json_out)
+        results = sweep(url, w, points, by=by, model=model, reference=reference, progress=not json_out, api_key=key)
     except ServerUnreachable as e:
         fail(str(e), "is the server running? check --url (scheme, host and port)")
+    except RequestFailed as e:
+        fail(*http_refusal(e, key))
     except ValueError as e:
         fail(str(e).splitlines()[-1] if "validation error" in str(e) else str(e))
     ok = all(r.valid and (r.correctness is None or r.correctness.ok) for r in results)

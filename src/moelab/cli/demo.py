@@ -25,6 +25,7 @@ def demo(
     from moelab.cli.output import console, emit_json, err_console, fail
     from moelab.cli.study import run_study_file
     from moelab.report import markdown, write_reports
+    from moelab.store import StoreError
     from moelab.study import load_study
 
     try:
@@ -43,6 +44,8 @@ def demo(
     except KeyboardInterrupt:
         err_console.print(f"[yellow]interrupted:[/] run `moelab demo --out {out}` again to resume")
         raise typer.Exit(130)
+    except StoreError as e:
+        fail(str(e), "another `moelab demo` is writing that folder; give this one another --out")
     html, md = out / "report.html", out / "report.md"
     data = write_reports(store, html=html, md=md, study_id=summary["study_id"])
     summary.update(report_html=str(html.resolve()), report_md=str(md.resolve()))

@@ -36,6 +36,8 @@ def launch(
     force: bool = typer.Option(False, "--force", help="Launch even if the GPUs hold foreign processes."),
     keep_running: bool = typer.Option(False, "--keep-running", help="After readiness keep the server up and "
                                       "watch it (every 5 s) until it dies, hangs, or Ctrl-C."),
+    api_key: str | None = typer.Option(None, "--api-key", help="API key the server wants, sent as a bearer token "
+                                       "(default: $MOELAB_API_KEY, then $OPENAI_API_KEY); never written or printed."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON object (cause, phase, evidence, advice)."),
 ) -> None:
     """Launch one server configuration under supervision and say whether, and why not, it works.
@@ -49,7 +51,7 @@ def launch(
     from moelab.engines import ENGINES
     from moelab.launch import launch as run_launch
     from moelab.launch.cgroup import parse_size
-    from moelab.launch.trial import mask
+    from moelab.secrets import Secrets, api_key as resolve_key
     from moelab.spec import LaunchSpec
 
     args = list(ctx.args)
@@ -65,9 +67,14 @@ def launch(
         limit = parse_size(memory_limit) if memory_limit else None
     except ValueError as e:
         fail(str(e), "e.g. --memory-limit 16G")
+    key = resolve_key(api_key)
     spec = LaunchSpec(engine=engine, args=args, port=port, gpus=_gpus(gpus), memory_limit_bytes=limit,
-                      timeout_s=timeout)
+                      timeout_s=timeout, api_key=key)
     adapter = ENGINES.create(engine)
+    given = adapter.port_in(args)
+    if port is not None and given is not None and given != port:
+        fail(f"--port {port} for moelab but --port {given} in the engine's arguments",
+             "give the port once: the engine's --port is the one moelab watches")
     try:
         adapter.command(spec, port or 0)  # bad usage (no {port}, engine not installed) is exit 2, not a verdict
     except (ValueError, FileNotFoundError) as e:
@@ -99,12 +106,7 @@ def launch(
     finally:
         if status is not None:
             status.stop()
-    from moelab.launch.trial import secret_values
-
-    import os
-
-    secrets = secret_values(args, {**os.environ, **spec.env})  # the same values the trial folder masks
-    hide = lambda s: mask(s, secrets)  # noqa: E731
+    hide = Secrets.gather(env=spec.env, argv=args, extra=[key]).text  # what the trial folder masks
     v = res.verdict
     if json_out:
         typer.echo(verdict_json(v, hide, url=res.url, model=res.model, timings=res.timings,

@@ -17,12 +17,16 @@ def probe(
     weight_format: str = typer.Option("bf16", "--format", help="Weight format of the server: bf16, fp8 or nvfp4 (sets tolerances)."),
     chat: bool = typer.Option(False, "--chat", help="Use /v1/chat/completions (chat templates differ between configurations)."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds per request."),
+    api_key: str = typer.Option(None, "--api-key", help="Bearer token for servers started with an API key "
+                                "(default: $MOELAB_API_KEY, then $OPENAI_API_KEY); never printed."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Greedy probe prompts; NaN / empty / degenerate checks, and a comparison with a reference."""
-    from moelab.cli.output import emit_json, err_console, fail
-    from moelab.probe import ServerUnreachable, record_reference, run_probe, tolerance_for
+    from moelab.cli.output import emit_json, err_console, fail, http_refusal
+    from moelab.probe import RequestFailed, ServerUnreachable, record_reference, run_probe, tolerance_for
+    from moelab.secrets import api_key as resolve_key
 
+    key = resolve_key(api_key)
     if record and against:
         fail("--record and --against exclude each other", "record a reference first, then compare against it")
     try:
@@ -34,11 +38,14 @@ def probe(
     try:
         with err_console.status(f"probing {url} ...", spinner="dots") if not json_out else _null():
             if record:
-                rep = record_reference(url, model, record, timeout, weight_format=weight_format, chat=chat)
+                rep = record_reference(url, model, record, timeout, weight_format=weight_format, chat=chat,
+                                       api_key=key)
             else:
-                rep = run_probe(url, model, against, timeout, weight_format=weight_format, chat=chat)
+                rep = run_probe(url, model, against, timeout, weight_format=weight_format, chat=chat, api_key=key)
     except ServerUnreachable as e:
         fail(str(e), "is the server running? check --url (scheme, host and port)")
+    except RequestFailed as e:
+        fail(*http_refusal(e, key))
     except ValueError as e:
         fail(str(e))
     if json_out:

@@ -36,6 +36,7 @@ def serve(
     max_queued_requests: int = typer.Option(256, "--max-queued-requests", help="Waiting requests beyond which new ones get 503."),
     disable_cuda_graph: bool = typer.Option(False, "--disable-cuda-graph", help="Run decode steps eagerly instead of replaying CUDA graphs (CUDA only)."),
     cuda_graph_max_bs: Optional[int] = typer.Option(None, "--cuda-graph-max-bs", help="Largest decode batch captured in a CUDA graph (default: --max-running-requests)."),
+    api_key: Optional[str] = typer.Option(None, "--api-key", help="Clients must send this key (Authorization: Bearer KEY) on every route but /health."),
     seed: int = typer.Option(0, "--seed", help="Seed of the preset weights and of requests without their own seed."),
     save: Optional[str] = typer.Option(None, "--save", help="Write the model as a Hugging Face style directory here and exit (no serving)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout (startup summary when ready, or what --save wrote)."),
@@ -49,7 +50,7 @@ def serve(
                            device=device, max_running_requests=max_running_requests, max_total_tokens=max_total_tokens,
                            max_queued_requests=max_queued_requests, seed=seed, save=save,
                            disable_cuda_graph=disable_cuda_graph, cuda_graph_max_bs=cuda_graph_max_bs,
-                           backends=tuple(RUNNERS.names()))
+                           api_key=api_key, backends=tuple(RUNNERS.names()))
     except ConfigError as e:
         raise _die(str(e), 2) from None
     run_server(cfg, json_out)
@@ -80,7 +81,7 @@ def run_server(cfg, json_out: bool) -> None:
     url = f"http://{cfg.host}:{cfg.port}"
     ready = (lambda: emit_json({"ready": True, "url": url, **info})) if json_out else None
     try:
-        asyncio.run(serve_http(engine, cfg.model_name, info, cfg.host, cfg.port, on_ready=ready))
+        asyncio.run(serve_http(engine, cfg.model_name, info, cfg.host, cfg.port, on_ready=ready, api_key=cfg.api_key))
     except OSError as e:  # bind failures: port in use, address not available
         engine.stop()
         raise _die(f"cannot listen on {cfg.host}:{cfg.port}: {e}", 1) from None

@@ -8,8 +8,10 @@ import typer
 from moelab.cli.app import app
 
 
-def run_study_file(study, store_path: Path, *, rerun: bool, json_out: bool, out_dir: Path | None = None) -> dict:
-    """Run `study` into `store_path` with the progress display; SIGTERM tears down like Ctrl-C."""
+def run_study_file(study, store_path: Path, *, rerun: bool, json_out: bool, out_dir: Path | None = None,
+                   api_key: str | None = None) -> dict:
+    """Run `study` into `store_path` with the progress display; SIGTERM and SIGHUP tear down like
+    Ctrl-C. The store is locked for the run: a second writer is refused, naming this one."""
     import signal
 
     from moelab.store import Store
@@ -20,10 +22,12 @@ def run_study_file(study, store_path: Path, *, rerun: bool, json_out: bool, out_
     def _interrupt(signum, frame):
         raise KeyboardInterrupt(f"signal {signum}")
 
-    old = signal.signal(signal.SIGTERM, _interrupt)
+    old = {s: signal.signal(s, _interrupt) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         with Store(store_path) as store, Progress() as prog:
-            runner = StudyRunner(study, store, out_dir or store_path.with_suffix(".trials"), rerun=rerun, on_event=prog)
+            store.lock(f"moelab study {study.name}")
+            runner = StudyRunner(study, store, out_dir or store_path.with_suffix(".trials"), rerun=rerun, on_event=prog,
+                                 api_key=api_key)
             if runner.reaped:
                 prog.console.print(f"ended {len(runner.reaped)} process(es) a killed moelab left behind: "
                                    f"{', '.join(map(str, runner.reaped))}")
@@ -33,7 +37,8 @@ def run_study_file(study, store_path: Path, *, rerun: bool, json_out: bool, out_
                                       if runner.interrupted else ""))
             return run_study(runner)
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def print_summary(summary: dict) -> None:
@@ -71,6 +76,8 @@ def study(
     store: Path = typer.Option(None, "--store", help="SQLite store (default: <file>.db next to the study)."),
     rerun: bool = typer.Option(False, "--rerun", help="Launch again even where the store holds a verdict."),
     report_html: Path = typer.Option(None, "--html", help="Also write the HTML report here."),
+    api_key: str = typer.Option(None, "--api-key", help="API key the servers want, sent as a bearer token "
+                                "(default: the engine's own --api-key in base, $MOELAB_API_KEY, $OPENAI_API_KEY)."),
     json_out: bool = typer.Option(False, "--json", help="Print the study summary as one JSON document."),
 ) -> None:
     """Run a study: screen, benchmark and tune engine flags; every trial gets a verdict. Resumable."""
@@ -87,8 +94,12 @@ def study(
         fail(f"{file}: the {st.engine} engine installed here does not accept {', '.join(bad)}",
              f"check the spelling against `{st.engine} --help` (flags keep the engine's own names)")
     store = store or file.with_suffix(".db")
+    from moelab.store import StoreError
+
     try:
-        summary = run_study_file(st, store, rerun=rerun, json_out=json_out)
+        summary = run_study_file(st, store, rerun=rerun, json_out=json_out, api_key=api_key)
+    except StoreError as e:
+        fail(str(e))
     except KeyboardInterrupt:
         from moelab.cli.output import err_console
 

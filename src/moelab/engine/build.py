@@ -82,8 +82,8 @@ def build_engine(cfg: ServerConfig) -> tuple[Engine, dict[str, Any]]:
           f"moe_runner_backend={res.backend} ({res.backend_reason})")
     for note in res.notes:
         phase("config", f"note: {note}")
-    if cfg.host not in ("127.0.0.1", "localhost", "::1"):
-        phase("config", f"note: --host {cfg.host} serves beyond this machine's loopback; the API has no key")
+    if cfg.host not in ("127.0.0.1", "localhost", "::1") and not cfg.api_key:
+        phase("config", f"note: --host {cfg.host} serves beyond this machine's loopback; the API has no key (--api-key sets one)")
     torch.manual_seed(cfg.seed)
     if res.device == "cpu":
         # Small matrices gain nothing from intra-op threads and lose much to their barriers on a

@@ -136,6 +136,7 @@ class ServerConfig:
     save: str | None = None
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None  # largest decode batch replayed from a graph; default max_running
+    api_key: str | None = field(default=None, repr=False)  # clients must send it as a bearer token
     backends: tuple[str, ...] = field(default=("reference", "grouped"), compare=False)
 
     def __post_init__(self) -> None:

@@ -1,7 +1,8 @@
 """The OpenAI-compatible HTTP server (aiohttp) in front of the engine loop.
 
 Routes: GET /health, /version, /v1/models, /stats (the engine's step counters and batch sizes);
-POST /v1/completions, /v1/chat/completions (streaming SSE or not). Each request becomes one
+POST /v1/completions, /v1/chat/completions (streaming SSE or not). With `--api-key` every route
+but /health wants `Authorization: Bearer KEY` (401 otherwise), as vLLM and SGLang do. Each request becomes one
 `Sequence` per prompt; the engine thread hands events back through one `call_soon_threadsafe`
 per step into the request's asyncio.Queue. A client that goes away aborts its sequences.
 """
@@ -33,14 +34,30 @@ async def _json_http_errors(request: web.Request, handler):
         return _error(P.ApiError(e.status, f"{request.method} {request.path}: {e.reason}"))
 
 
+def _require_key(key: str):
+    import hmac
+
+    @web.middleware
+    async def check(request: web.Request, handler):
+        if request.path != "/health":
+            given = request.headers.get("Authorization", "")
+            if not hmac.compare_digest(given.encode(), f"Bearer {key}".encode()):
+                return _error(P.ApiError(401, "missing or wrong API key: send Authorization: Bearer KEY"))
+        return await handler(request)
+
+    return check
+
+
 class Server:
-    def __init__(self, engine: Engine, model_name: str, info: dict[str, Any]) -> None:
+    def __init__(self, engine: Engine, model_name: str, info: dict[str, Any], api_key: str | None = None) -> None:
         self.engine, self.model_name, self.info = engine, model_name, info
+        self.api_key = api_key
         self.ctx = engine.context_len
         self.created = P.now()
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=16 << 20, middlewares=[_json_http_errors])
+        middlewares = [_json_http_errors] + ([_require_key(self.api_key)] if self.api_key else [])
+        app = web.Application(client_max_size=16 << 20, middlewares=middlewares)
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
@@ -200,11 +217,11 @@ class Server:
 
 
 async def serve(engine: Engine, model_name: str, info: dict[str, Any], host: str, port: int,
-                on_ready=None) -> None:
+                on_ready=None, api_key: str | None = None) -> None:
     """Listen until SIGTERM/SIGINT, then stop the engine and return (exit 0 is the caller's)."""
     import signal
 
-    server = Server(engine, model_name, info)
+    server = Server(engine, model_name, info, api_key)
     runner = web.AppRunner(server.app(), access_log=None, handle_signals=False, shutdown_timeout=2.0)
     await runner.setup()
     try:

@@ -58,6 +58,30 @@ class EngineAdapter(ABC):
         """OpenAI-compatible endpoint the readiness check generates one token from."""
         return "/v1/completions"
 
+    def port_in(self, args: list[str]) -> int | None:
+        """The port the engine's own arguments set (`--port N`), which moelab then watches and probes."""
+        v = LaunchSpec(args=args).flag("--port")
+        return int(v) if v is not None and v.isdigit() and 0 < int(v) < 65536 else None
+
+    def display_command(self, args: list[str], argv: list[str]) -> list[str]:
+        """The launch command as a user would type it again: the port moelab chose for a trial is
+        dropped (the engine's default applies) unless the user's own arguments set it."""
+        if self.port_in(args) is not None:
+            return list(argv)
+        out, skip = [], False
+        for a in argv:
+            if skip:
+                skip = False
+            elif a == "--port":
+                skip = True
+            elif not a.startswith("--port="):
+                out.append(a)
+        return out
+
+    def api_key_in(self, args: list[str]) -> str | None:
+        """The API key the engine's own arguments set (`--api-key K`): the one moelab must send."""
+        return LaunchSpec(args=args).flag("--api-key")
+
     def model_path(self, args: list[str]) -> str | None:
         """The model the arguments name, when the adapter can tell."""
         return None

@@ -20,9 +20,17 @@ class CommandAdapter(EngineAdapter):
             raise ValueError("the command engine needs a command line after `--`, "
                              "e.g. `moelab launch --engine command -- llama-server --port {port}`")
         argv = [a.replace("{host}", spec.host).replace("{port}", str(port)) for a in spec.args]
-        if not any("{port}" in a for a in spec.args) and spec.port is None:
+        if not any("{port}" in a for a in spec.args) and spec.port is None and self.port_in(spec.args) is None:
             # Without {port} moelab cannot tell the server which port to use; it would then probe a
             # port the server never opens. Refuse instead of timing out later.
-            raise ValueError("the command line has no {port} placeholder and no --port was given to "
-                             "moelab launch: add {port} where the server takes its port")
+            raise ValueError("the command line has no {port} placeholder and no --port N: add {port} where "
+                             "the server takes its port (or give the port with moelab launch --port)")
         return argv, {"PYTHONUNBUFFERED": "1"}
+
+    def display_command(self, args: list[str], argv: list[str]) -> list[str]:
+        """The user's own command line, placeholders kept: `{port}` is theirs to fill."""
+        return list(args) if args else list(argv)
+
+    def port_in(self, args: list[str]) -> int | None:
+        """With a {port} placeholder moelab picks the port; otherwise a `--port N` of the command."""
+        return None if any("{port}" in a for a in args) else super().port_in(args)

@@ -27,6 +27,11 @@ class EmbeddedAdapter(EngineAdapter):
 
         return __version__
 
+    def display_command(self, args: list[str], argv: list[str]) -> list[str]:
+        """`moelab serve ...` rather than `<python> -m moelab.cli serve ...`, without the trial's port."""
+        argv = super().display_command(args, argv)
+        return ["moelab", *argv[3:]] if argv[1:4] == ["-m", "moelab.cli", "serve"] else argv
+
     def model_path(self, args: list[str]) -> str | None:
         spec = LaunchSpec(args=args)
         return spec.flag("--model-path") or spec.flag("--preset")

@@ -39,7 +39,8 @@ def weight_format(quantization: str | None) -> str | None:
     return "nvfp4" if "fp4" in q else "fp8" if "fp8" in q else None
 
 
-def run_probe_gate(url: str, model: str | None, reference, notes: list[str], weight_format: str | None = None):
+def run_probe_gate(url: str, model: str | None, reference, notes: list[str], weight_format: str | None = None,
+                   api_key: str | None = None):
     """The probe's verdict after readiness (None when it passes or is not installed yet).
 
     Imported lazily: moelab.probe is its own part of moelab and may be absent in a partial install.
@@ -50,6 +51,7 @@ def run_probe_gate(url: str, model: str | None, reference, notes: list[str], wei
         notes.append(f"probe skipped: moelab.probe.run_probe is not available ({e})")
         return None
     # The quantization decides the probe's tolerance against the reference (fp8/nvfp4 drift more).
-    rep = run_probe(url, model=model, reference=reference, timeout_s=60.0, weight_format=weight_format)
+    rep = run_probe(url, model=model, reference=reference, timeout_s=60.0, weight_format=weight_format,
+                    api_key=api_key)
     notes.append(f"probe: {rep.verdict.cause.value}")
     return None if rep.verdict.ok else rep.verdict

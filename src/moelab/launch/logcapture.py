@@ -3,7 +3,8 @@
 The file is flushed line by line, so the log is complete up to the moment of a SIGKILL. Each line
 in the file is `<UTC ISO time> <line>`; the classifier strips that prefix again, and line numbers in
 verdict evidence are line numbers of server.log. The launch phase is read from each line through
-the engine adapter's `phase_of`.
+the engine adapter's `phase_of`. Secrets are masked before a line is kept or written (engines log
+their own arguments: vLLM prints `api_key=...` among its non-default args).
 """
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ _PORT_ERR = re.compile(r"Address already in use|EADDRINUSE|\[Errno 98\]")
 
 class LogCapture:
     def __init__(self, stream: IO[bytes], path: Path, phase_of: Callable[[str], str | None],
-                 max_lines: int = 200_000) -> None:
+                 max_lines: int = 200_000, mask: Callable[[str], str] = lambda s: s) -> None:
+        self._mask = mask
         self.path = path
         self.lines: list[str] = []
         self.phase = "start"
@@ -36,7 +38,7 @@ class LogCapture:
     def _run(self) -> None:
         with open(self.path, "w", encoding="utf-8", buffering=1) as out:
             for raw in iter(self._stream.readline, b""):
-                line = raw.decode("utf-8", errors="replace").rstrip("\r\n")
+                line = self._mask(raw.decode("utf-8", errors="replace").rstrip("\r\n"))
                 stamp = datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
                 out.write(f"{stamp} {line}\n")
                 with self._lock:

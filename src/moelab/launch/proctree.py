@@ -19,6 +19,29 @@ import psutil
 MARKER = "MOELAB_TRIAL"
 
 
+def environ_of(pid: int) -> dict[str, str] | None:
+    """A process's environment from /proc (None when it is gone or not ours to read)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return None
+    return dict(kv.split("=", 1) for kv in raw.decode(errors="replace").split("\0") if "=" in kv)
+
+
+def marked_pids(marker: str, name: str = MARKER) -> list[int]:
+    """Pids whose environment holds name=marker (every descendant of a trial inherits it)."""
+    needle = f"{name}={marker}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit() and int(d.name) != os.getpid():
+            try:
+                if needle in (d / "environ").read_bytes().split(b"\0"):
+                    out.append(int(d.name))
+            except OSError:
+                continue
+    return out
+
+
 def _alive(p: psutil.Process) -> bool:
     try:
         return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
@@ -88,16 +111,7 @@ class ProcessTree:
         return [p for p in self.known.values() if _alive(p)]
 
     def _marked(self) -> list[int]:
-        needle = f"{MARKER}={self.marker}".encode()
-        out = []
-        for d in Path("/proc").iterdir():
-            if d.name.isdigit():
-                try:
-                    if needle in (d / "environ").read_bytes().split(b"\0"):
-                        out.append(int(d.name))
-                except OSError:
-                    continue
-        return out
+        return marked_pids(self.marker)
 
     def rss(self, procs: list[psutil.Process] | None = None) -> int:
         total = 0

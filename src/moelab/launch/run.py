@@ -1,8 +1,9 @@
 """`launch()`: the one-call supervised launch behind `moelab launch`.
 
 Start, wait for readiness (and the probe), then either tear down at once or, with keep_running,
-watch the server until it dies, hangs, or moelab is interrupted. SIGTERM to moelab is turned into
-KeyboardInterrupt here, so both interrupts take the same teardown path.
+watch the server until it dies, hangs, or moelab is interrupted. SIGTERM and SIGHUP (the terminal
+closed) to moelab are turned into KeyboardInterrupt here, so every interrupt takes the same
+teardown path; a SIGKILL, which cannot be caught, is the guardian's to clean up.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ def launch(spec: LaunchSpec, out_dir: Path | None = None, *, adapter=None, refer
     rss_bytes, gpu_bytes); `on_ready(supervisor)` once when the server is ready.
     """
     main = threading.current_thread() is threading.main_thread()
-    old = signal.signal(signal.SIGTERM, _raise_interrupt) if main else None
+    old = {s: signal.signal(s, _raise_interrupt) for s in (signal.SIGTERM, signal.SIGHUP)} if main else {}
     srv = Supervisor(spec, out_dir, adapter=adapter, reference=reference, probe=probe, force=force,
                      on_progress=on_progress, **supervisor_kw)
     try:
@@ -43,6 +44,6 @@ def launch(spec: LaunchSpec, out_dir: Path | None = None, *, adapter=None, refer
     except KeyboardInterrupt:
         pass  # the with-block already tore down and recorded the interrupt
     finally:
-        if main:
-            signal.signal(signal.SIGTERM, old)
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
     return srv.result

@@ -24,6 +24,8 @@ from pathlib import Path
 from moelab.diagnose import classify
 from moelab.launch import hygiene, kernellog, preflight, readiness, trial, verdicts
 from moelab.launch.cgroup import MemoryCgroup
+from moelab.launch.guardian import Guardian
+from moelab.launch.leftovers import OWNER, owner_tag
 from moelab.launch.logcapture import LogCapture
 from moelab.launch.proctree import MARKER, ProcessTree
 from moelab.launch.telemetry import Sampler, gpu_used_total
@@ -42,6 +44,8 @@ class Supervisor:
         self.grace_s, self.stall_after_s, self.hang_timeout_s = grace_s, stall_after_s, hang_timeout_s
         self.on_progress, self.use_cgroup = on_progress, use_cgroup
         self.port = spec.port
+        if spec.api_key is None and self.adapter.api_key_in(spec.args):  # the key the server will want
+            self.spec = spec = spec.model_copy(update={"api_key": self.adapter.api_key_in(spec.args)})
         self.url: str | None = None
         self.model: str | None = None
         self.phase = Phase.preflight
@@ -49,7 +53,7 @@ class Supervisor:
         self.result: trial.LaunchResult | None = None
         self.notes: list[str] = []
         self.timings: dict[str, float | None] = {}
-        self.proc = self.log = self.tree = self.sampler = self.cgroup = None
+        self.proc = self.log = self.tree = self.sampler = self.cgroup = self.guardian = None
         self._ready = False
         self._pool = cf.ThreadPoolExecutor(2, thread_name_prefix="moelab-http")
 
@@ -77,7 +81,9 @@ class Supervisor:
 
     def start(self) -> None:
         self.t0 = time.monotonic()
-        host, port = self.spec.host, self.port or preflight.pick_port(self.spec.host)
+        # the port the user gave in the engine's own arguments is the one to watch and probe
+        host = self.spec.host
+        port = self.adapter.port_in(self.spec.args) or self.port or preflight.pick_port(host)
         self.port = port
         self.notes.append(preflight.host_ram_note())
         bad = preflight.check_port(host, port)
@@ -93,21 +99,26 @@ class Supervisor:
         self.phase = Phase.launch
         argv, adapter_env = self.adapter.command(self.spec, port)
         self.argv, self.marker = argv, uuid.uuid4().hex
-        env, self.secrets = trial.prepare(self.dir, self.spec, argv, adapter_env)
+        env, self.secrets = trial.prepare(self.dir, self.spec, argv, adapter_env, self.spec.api_key)
         env[MARKER] = self.marker  # inherited by every descendant: found again even after setsid
+        env[OWNER] = owner_tag()  # a process whose owner is gone is a leftover (moelab doctor finds it)
         self.cgroup = MemoryCgroup(self.spec.memory_limit_bytes, try_cgroup=self.use_cgroup)
         self.notes.append(self.cgroup.note)
+        # Started before the server, so no moment exists in which moelab could die and leave it.
+        self.guardian = Guardian(self.marker, self.dir, cgroup=self.cgroup.path)
         try:
             self.proc = subprocess.Popen(self.cgroup.wrap(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as e:  # no such executable (only without the sh wrapper; with it sh exits 127)
+            self.guardian.stand_down()
             self.cgroup.remove()
             self.verdict = Verdict(cause=Cause.bad_args, phase=Phase.launch, evidence=[
                 Evidence(kind="spawn", text=f"{argv[0]}: {e.strerror or e}")], advice=verdicts.NOT_FOUND_ADVICE)
             return
+        self.guardian.root(self.proc.pid)
         self.url = f"http://{host}:{port}"
         self.tree = ProcessTree(self.proc.pid, self.marker, self.cgroup.pids)
-        self.log = LogCapture(self.proc.stdout, self.dir / "server.log", self.adapter.phase_of)
+        self.log = LogCapture(self.proc.stdout, self.dir / "server.log", self.adapter.phase_of, mask=self.secrets.text)
         self.sampler = Sampler(self.tree, self.log, self.dir / "telemetry.jsonl", lambda: self.proc.poll() is not None,
                                self.cgroup.usage, stall_after_s=self.stall_after_s)
 
@@ -158,30 +169,35 @@ class Supervisor:
                 mine = {p.pid for p in self.tree.refresh()}
                 if holders and not any(pid in mine for pid, _ in holders):
                     return self._fail(verdicts.foreign_listener(self.port, holders))
-            r = self._await(readiness.health, self.url, self.adapter.health_path(), timeout=5)
-            if r is None or not r[0]:
-                notes.append(r[1] if r else "GET /health did not answer")
+            key = self.spec.api_key
+            r = self._await(readiness.health, self.url, self.adapter.health_path(), 2.0, key, timeout=5)
+            if r is not None and r.auth_refused:
+                return self._fail(verdicts.auth_refused(r.note, key is not None))
+            if r is None or not r.ok:
+                notes.append(r.note if r else "GET /health did not answer")
                 time.sleep(0.2)
                 continue
             if self.model is None:
-                self.model = self._await(readiness.served_model, self.url, timeout=5)
+                self.model = self._await(readiness.served_model, self.url, 2.0, key, timeout=5)
             left = max(1.0, deadline - time.monotonic())
             r = self._await(readiness.one_token, self.url, self.model, self.adapter.completion_path(),
-                            min(left, 60.0), timeout=min(left, 60.0))
-            if r is None or not r[0]:
-                notes.append(r[1] if r else "POST /v1/completions did not answer")
+                            min(left, 60.0), key, timeout=min(left, 60.0))
+            if r is not None and r.auth_refused:
+                return self._fail(verdicts.auth_refused(r.note, key is not None))
+            if r is None or not r.ok:
+                notes.append(r.note if r else "POST /v1/completions did not answer")
                 time.sleep(0.2)
                 continue
             self.timings["ready_s"] = time.monotonic() - self.t0
             self._ready, self.phase = True, Phase.probe
-            self.notes.append(r[1])
+            self.notes.append(r.note)
             return self._run_probe() if self.probe else None
 
     def _run_probe(self) -> Verdict | None:
         t = time.monotonic()
         try:
             v = hygiene.run_probe_gate(self.url, self.model, self.reference, self.notes,
-                                       hygiene.weight_format(self.spec.flag("--quantization")))
+                                       hygiene.weight_format(self.spec.flag("--quantization")), self.spec.api_key)
         except Exception as e:  # the probe could not even talk to the server: did it die or hang?
             self.notes.append(f"probe raised {type(e).__name__}: {e}")
             return self.alive_verdict() or self._fail(Verdict(cause=Cause.unknown, phase=Phase.probe,
@@ -207,13 +223,15 @@ class Supervisor:
         if self.proc.poll() is not None:
             return self._died()
         notes = []
-        for fn, args in ((readiness.health, (self.url, self.adapter.health_path(), self.hang_timeout_s)),
-                         (readiness.one_token, (self.url, self.model, self.adapter.completion_path(), self.hang_timeout_s))):
+        key = self.spec.api_key
+        for fn, args in ((readiness.health, (self.url, self.adapter.health_path(), self.hang_timeout_s, key)),
+                         (readiness.one_token, (self.url, self.model, self.adapter.completion_path(),
+                                                self.hang_timeout_s, key))):
             r = self._await(fn, *args, timeout=self.hang_timeout_s + 1)
             if self.proc.poll() is not None:
                 return self._died()
-            if r is None or not r[0]:
-                notes.append(r[1] if r else f"no answer within {self.hang_timeout_s:.0f} s")
+            if r is None or not r.ok:
+                notes.append(r.note if r else f"no answer within {self.hang_timeout_s:.0f} s")
                 break
         if not notes:
             return None
@@ -266,6 +284,7 @@ class Supervisor:
             rep.gpu_back, rep.gpu_note = hygiene.gpu_back(self.gpu_baseline)
             if not self.cgroup.remove():
                 self.notes.append(f"could not remove {self.cgroup.path}")
+            self.guardian.stand_down()
             if v is None:
                 v = self._final_ok()
             v = verdicts.with_teardown(v, rep, self.port)
@@ -277,7 +296,7 @@ class Supervisor:
                                    telemetry={**(self.sampler.summary() if self.sampler else {}),
                                               "cgroup": self.cgroup.note if self.cgroup else None},
                                    launched=self.proc is not None, argv=getattr(self, "argv", []),
-                                   secrets=getattr(self, "secrets", []))
+                                   secrets=getattr(self, "secrets", trial.Secrets()))
         return self.result
 
     def _final_ok(self) -> Verdict:

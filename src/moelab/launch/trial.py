@@ -1,9 +1,9 @@
 """The trial folder and what it holds: server.log, telemetry.jsonl, verdict.json, repro.sh.
 
 repro.sh relaunches the exact command with its environment, secrets masked, ready to attach to an
-upstream bug report. Secrets are environment variables whose name looks like a key, token, secret
-or password, and the values of flags such as --api-key; they are masked in everything moelab
-writes or prints.
+upstream bug report. What is secret is decided in `moelab.secrets` (names like HF_TOKEN or
+--api-key, values that look like keys, the API key moelab sends); the trial's `Secrets` mask
+everything this module writes and the LaunchResult it returns.
 """
 from __future__ import annotations
 
@@ -16,11 +16,9 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from moelab.secrets import MASK, Secrets, secret_name
 from moelab.spec import LaunchSpec, Verdict
 
-MASK = "***"
-_SECRET_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSW(OR)?D|CREDENTIAL", re.I)
-_SECRET_FLAG = re.compile(r"^--?[\w-]*(api[-_]?key|token|secret|passw(or)?d)[\w-]*$", re.I)
 # Environment a serving engine's behaviour depends on, copied into repro.sh from moelab's own env.
 _RELEVANT = re.compile(r"^(CUDA_|NCCL_|VLLM_|SGLANG_|SGL_|FLASHINFER_|TORCH_|PYTORCH_|TRITON_|HF_|"
                        r"OMP_|MOELAB_|LD_LIBRARY_PATH$|PATH$|PYTHONPATH$)")
@@ -40,36 +38,14 @@ class LaunchResult(BaseModel):
         return self.verdict.ok
 
 
-def secret_values(argv: list[str], env: dict[str, str]) -> list[str]:
-    vals = [v for k, v in env.items() if _SECRET_NAME.search(k) and v]
-    for i, a in enumerate(argv):
-        name, eq, val = a.partition("=")
-        if _SECRET_FLAG.match(name):
-            if eq and val:
-                vals.append(val)
-            elif not eq and i + 1 < len(argv):
-                vals.append(argv[i + 1])
-    return sorted({v for v in vals if len(v) >= 3}, key=len, reverse=True)
-
-
-def mask(text: str, secrets: list[str]) -> str:
-    for s in secrets:
-        text = text.replace(s, MASK)
-    return text
-
-
-def mask_argv(argv: list[str], secrets: list[str]) -> list[str]:
-    return [mask(a, secrets) for a in argv]
-
-
 def repro_env(spec_env: dict[str, str], adapter_env: dict[str, str]) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if _RELEVANT.match(k) and not k.startswith("MOELAB_TRIAL")}
     env.update(adapter_env)
     env.update(spec_env)
-    return {k: (MASK if _SECRET_NAME.search(k) else v) for k, v in sorted(env.items())}
+    return {k: (MASK if secret_name(k) else v) for k, v in sorted(env.items())}
 
 
-def write_repro(path: Path, argv: list[str], env: dict[str, str], spec: LaunchSpec, secrets: list[str]) -> None:
+def write_repro(path: Path, argv: list[str], env: dict[str, str], spec: LaunchSpec, secrets: Secrets) -> None:
     lines = ["#!/bin/sh", f"# moelab launch repro ({spec.engine} engine), written "
              f"{datetime.now(timezone.utc).isoformat(timespec='seconds')}",
              "# Secrets are masked as *** : put your own back before running."]
@@ -77,26 +53,26 @@ def write_repro(path: Path, argv: list[str], env: dict[str, str], spec: LaunchSp
         lines.append(f"# moelab ran it in a memory cgroup limited to {spec.memory_limit_bytes / 2**20:.0f} MiB "
                      f"(moelab launch --memory-limit {spec.memory_limit_bytes // 2**20}M)")
     lines.append(f"cd {shlex.quote(os.getcwd())}")
-    lines += [f"export {k}={shlex.quote(mask(v, secrets))}" for k, v in env.items()]
-    lines.append("exec " + " ".join(shlex.quote(a) for a in mask_argv(argv, secrets)))
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in secrets.env(env).items()]
+    lines.append("exec " + " ".join(shlex.quote(a) for a in secrets.argv(argv)))
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o755)
 
 
-def prepare(d: Path, spec: LaunchSpec, argv: list[str], adapter_env: dict[str, str]) -> tuple[dict[str, str], list[str]]:
-    """(the server's full environment, the secret values to mask); writes repro.sh into `d`."""
+def prepare(d: Path, spec: LaunchSpec, argv: list[str], adapter_env: dict[str, str],
+            api_key: str | None = None) -> tuple[dict[str, str], Secrets]:
+    """(the server's full environment, the trial's secrets); writes repro.sh into `d`."""
     env = {**os.environ, **adapter_env, **spec.env, "PYTHONUNBUFFERED": "1"}
     shown = repro_env(spec.env, adapter_env)
     if spec.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = shown["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
-    secrets = secret_values(argv, {**os.environ, **adapter_env, **spec.env})
+    secrets = Secrets.gather(env={**adapter_env, **spec.env}, argv=argv, extra=[api_key])
     write_repro(d / "repro.sh", argv, shown, spec, secrets)
     return env, secrets
 
 
-def write_verdict(path: Path, result: LaunchResult, secrets: list[str]) -> None:
-    doc = result.model_dump(mode="json")
-    path.write_text(mask(json.dumps(doc, indent=2), secrets) + "\n")
+def write_verdict(path: Path, result: LaunchResult, secrets: Secrets) -> None:
+    path.write_text(json.dumps(secrets.data(result.model_dump(mode="json")), indent=2) + "\n")
 
 
 def new_trial_dir(out: Path | None) -> Path:
@@ -108,15 +84,16 @@ def new_trial_dir(out: Path | None) -> Path:
 
 
 def finish(d: Path, v: Verdict, notes: list[str], *, url: str | None, model: str | None, timings: dict,
-           telemetry: dict, launched: bool, argv: list[str], secrets: list[str]) -> LaunchResult:
-    """The LaunchResult of a trial, with verdict.json written (secrets masked everywhere)."""
-    v = v.model_copy(update={"detail": {**v.detail, "notes": [mask(n, secrets) for n in notes]}})
+           telemetry: dict, launched: bool, argv: list[str], secrets: Secrets) -> LaunchResult:
+    """The LaunchResult of a trial, with verdict.json written; secrets masked in both."""
+    v = Verdict.model_validate(secrets.data({**v.model_dump(mode="json"),
+                                             "detail": {**v.detail, "notes": list(notes)}}))
     paths = {"dir": str(d)}
     if launched:
         paths.update(log=str(d / "server.log"), telemetry=str(d / "telemetry.jsonl"), repro=str(d / "repro.sh"))
     paths["verdict"] = str(d / "verdict.json")
     res = LaunchResult(verdict=v, url=url, model=model, telemetry=telemetry, paths=paths,
                        timings={k: round(t, 3) for k, t in timings.items() if t is not None},
-                       command=mask_argv(argv, secrets))
+                       command=secrets.argv(argv))
     write_verdict(d / "verdict.json", res, secrets)
     return res

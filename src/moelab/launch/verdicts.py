@@ -67,6 +67,20 @@ def hang(phase: Phase, notes: list[str], stalled_s: float, last_line: tuple[int,
                    detail={"stalled_s": round(stalled_s, 1)})
 
 
+def auth_refused(note: str, key_given: bool) -> Verdict:
+    """The server answers, but refuses moelab's readiness request (401/403): it wants an API key."""
+    if key_given:
+        advice = ("The server refused the API key moelab sent (--api-key / MOELAB_API_KEY): check that it is the "
+                  "one the server was started with (its --api-key).")
+    else:
+        advice = ("The server wants an API key: give moelab the key the server was started with, "
+                  "`--api-key KEY` or MOELAB_API_KEY=KEY (sent as a bearer token, never written anywhere).")
+    return Verdict(cause=Cause.bad_args, phase=Phase.launch, advice=advice,
+                   evidence=[Evidence(kind="readiness", text=note[:300]),
+                             Evidence(kind="readiness", text="the server wants an API key" if not key_given
+                                      else "the server refused the API key")])
+
+
 def foreign_listener(port: int, holders: list[tuple[int, str]]) -> Verdict:
     who = ", ".join(f"pid {p} ({c})" for p, c in holders)
     return Verdict(cause=Cause.port_in_use, phase=Phase.launch,

@@ -49,8 +49,9 @@ class Sample(BaseModel):
 class Endpoint:
     """Where requests go: host, port and path prefix parsed once from the base URL."""
 
-    def __init__(self, base_url: str):
+    def __init__(self, base_url: str, api_key: str | None = None):
         u = urlsplit(base_url if "://" in base_url else "http://" + base_url)
+        self.auth = f"Authorization: Bearer {api_key}\r\n" if api_key else ""
         if u.scheme != "http":
             raise ValueError(f"only http:// URLs are supported, got {base_url!r}")
         self.host, self.port, self.prefix = u.hostname or "127.0.0.1", u.port or 80, u.path.rstrip("/")
@@ -58,7 +59,7 @@ class Endpoint:
     def request(self, path: str, body: dict) -> bytes:
         data = json.dumps(body).encode()
         return (f"POST {self.prefix}{path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-                f"Content-Type: application/json\r\nAccept: text/event-stream\r\nConnection: close\r\n"
+                f"Content-Type: application/json\r\nAccept: text/event-stream\r\n{self.auth}Connection: close\r\n"
                 f"Content-Length: {len(data)}\r\n\r\n").encode() + data
 
 

@@ -28,6 +28,7 @@ from moelab.probe import bundled_prompts, discover_model, judge, load_reference,
 from moelab.probe.checks import Answer
 from moelab.probe.http import RequestFailed, parse_answer
 from moelab.probe.judge import make_result
+from moelab.secrets import auth_headers
 from moelab.spec import Verdict
 
 
@@ -45,11 +46,12 @@ class LoadResult(BaseModel):
     correctness: Verdict | None = None  # the under-load probe's verdict (None: no probe prompts)
 
 
-def alive(base_url: str, timeout_s: float = 5.0) -> bool:
+def alive(base_url: str, timeout_s: float = 5.0, api_key: str | None = None) -> bool:
     """GET /health (or /v1/models for servers without one) answers 200."""
     for path in ("/health", "/v1/models"):
         try:
-            with urllib.request.urlopen(base_url.rstrip("/") + path, timeout=timeout_s) as r:
+            req = urllib.request.Request(base_url.rstrip("/") + path, headers=auth_headers(api_key))
+            with urllib.request.urlopen(req, timeout=timeout_s) as r:
                 if r.status == 200:
                     return True
         except Exception:
@@ -158,9 +160,10 @@ def _judge_probes(samples: list[Sample], reqs: list[tuple], ref: dict | None, w:
 
 
 def run_load(base_url: str, workload: Workload, *, model: str | None = None, reference: Path | None = None,
-             progress: bool = False) -> LoadResult:
-    """Run one load point. Raises ServerUnreachable if the server does not answer before the run."""
-    found, _ = discover_model(base_url)
+             progress: bool = False, api_key: str | None = None) -> LoadResult:
+    """Run one load point. Raises ServerUnreachable if the server does not answer before the run,
+    RequestFailed if it refuses (401/403 without the right API key, 404 not an OpenAI API)."""
+    found, _ = discover_model(base_url, api_key=api_key)
     model = model or found
     ref = load_reference(reference) if reference is not None else None
     probes = [p for p in (ref["prompts"] if ref else render(bundled_prompts(), None)) if not p.get("long")]
@@ -184,14 +187,14 @@ def run_load(base_url: str, workload: Workload, *, model: str | None = None, ref
     gc_was = gc.isenabled()
     gc.disable()
     try:
-        samples, lags = asyncio.run(_drive(Endpoint(base_url), w, reqs,
+        samples, lags = asyncio.run(_drive(Endpoint(base_url, api_key), w, reqs,
                                            (lambda: bar.advance(task)) if bar else (lambda: None)))
     finally:
         if gc_was:
             gc.enable()
         if bar:
             bar.stop()
-    up = alive(base_url)
+    up = alive(base_url, api_key=api_key)
     metrics = summarize(samples, w.slo, None if w.dataset else w.input_len)
     reasons = validity(samples, w, lags, up)
     delivered = {"concurrency": achieved_concurrency(samples)}
@@ -204,15 +207,16 @@ def run_load(base_url: str, workload: Workload, *, model: str | None = None, ref
 
 
 def sweep(base_url: str, workload: Workload, points: list[float], *, by: str = "concurrency",
-          model: str | None = None, reference: Path | None = None, progress: bool = False) -> list[LoadResult]:
+          model: str | None = None, reference: Path | None = None, progress: bool = False,
+          api_key: str | None = None) -> list[LoadResult]:
     """One `run_load` per point (`by` = "concurrency" or "request_rate"); stops after a point whose
     server no longer answers, since every later number would be wrong."""
     out = []
     for v in points:
         upd = {"concurrency": int(v), "request_rate": None} if by == "concurrency" else {"request_rate": v, "concurrency": None}
         w = Workload.model_validate({**workload.model_dump(), **upd})
-        res = run_load(base_url, w, model=model, reference=reference, progress=progress)
+        res = run_load(base_url, w, model=model, reference=reference, progress=progress, api_key=api_key)
         out.append(res)
-        if not alive(base_url):
+        if not alive(base_url, api_key=api_key):
             break
     return out

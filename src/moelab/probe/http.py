@@ -14,6 +14,7 @@ import urllib.request
 from typing import Any
 
 from moelab.probe.checks import Answer, is_finite
+from moelab.secrets import auth_headers
 
 
 class ServerUnreachable(ConnectionError):
@@ -28,9 +29,9 @@ class RequestFailed(RuntimeError):
         self.status = status
 
 
-def _call(url: str, body: dict | None, timeout_s: float) -> Any:
+def _call(url: str, body: dict | None, timeout_s: float, api_key: str | None = None) -> Any:
     data = json.dumps(body).encode() if body is not None else None
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"},
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **auth_headers(api_key)},
                                  method="POST" if body is not None else "GET")
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
@@ -47,9 +48,9 @@ def _call(url: str, body: dict | None, timeout_s: float) -> Any:
         raise RequestFailed(f"invalid JSON from {url}: {raw[:120]!r}") from None
 
 
-def discover_model(base_url: str, timeout_s: float = 10.0) -> tuple[str, int | None]:
+def discover_model(base_url: str, timeout_s: float = 10.0, api_key: str | None = None) -> tuple[str, int | None]:
     """(first model id, its max_model_len if the server says) from GET /v1/models."""
-    doc = _call(base_url.rstrip("/") + "/v1/models", None, timeout_s)
+    doc = _call(base_url.rstrip("/") + "/v1/models", None, timeout_s, api_key)
     try:
         first = doc["data"][0]
     except (KeyError, IndexError, TypeError):
@@ -110,12 +111,13 @@ def parse_answer(doc: dict, chat: bool) -> Answer:
                   finish_reason=choice.get("finish_reason"), raw_nonfinite=bad)
 
 
-def greedy(base_url: str, model: str, prompt: dict, *, chat: bool, timeout_s: float, top_k: int = 5) -> Answer:
+def greedy(base_url: str, model: str, prompt: dict, *, chat: bool, timeout_s: float, top_k: int = 5,
+           api_key: str | None = None) -> Answer:
     """One greedy request for a prompt dict holding `prompt` (text) or `messages`, and `max_tokens`."""
     base = base_url.rstrip("/")
     common = {"model": model, "max_tokens": prompt["max_tokens"], "temperature": 0.0, "top_p": 1.0, "seed": 0}
     if chat:
         body = {**common, "messages": prompt["messages"], "logprobs": True, "top_logprobs": top_k}
-        return parse_answer(_call(base + "/v1/chat/completions", body, timeout_s), chat=True)
+        return parse_answer(_call(base + "/v1/chat/completions", body, timeout_s, api_key), chat=True)
     body = {**common, "prompt": prompt["prompt"], "logprobs": top_k}
-    return parse_answer(_call(base + "/v1/completions", body, timeout_s), chat=False)
+    return parse_answer(_call(base + "/v1/completions", body, timeout_s, api_key), chat=False)

@@ -47,12 +47,16 @@ def render(prompts: list[dict], max_model_len: int | None) -> list[dict]:
     return out
 
 
-def _ask(base_url: str, model: str, p: dict, chat: bool, timeout_s: float) -> tuple[dict, PromptResult]:
+def _ask(base_url: str, model: str, p: dict, chat: bool, timeout_s: float,
+         api_key: str | None = None) -> tuple[dict, PromptResult]:
     """Send one prompt; a long prompt the server rejects (HTTP 400, too long) is halved up to 3 times."""
     for _ in range(4):
         try:
-            return p, make_result(p["id"], p.get("kind", ""), greedy(base_url, model, p, chat=chat, timeout_s=timeout_s))
+            return p, make_result(p["id"], p.get("kind", ""), greedy(base_url, model, p, chat=chat, timeout_s=timeout_s,
+                                                                       api_key=api_key))
         except RequestFailed as e:
+            if e.status in (401, 403, 404):  # the whole probe would fail the same way: say it once
+                raise
             if not (p.get("long") and e.status == 400 and len(p["prompt"]) > 200):
                 return p, make_result(p["id"], p.get("kind", ""), None, error=str(e))
             body = p["paragraph"] * max(1, p["prompt"].count(p["paragraph"]) // 2)
@@ -61,13 +65,14 @@ def _ask(base_url: str, model: str, p: dict, chat: bool, timeout_s: float) -> tu
 
 
 def collect(base_url: str, model: str | None, prompts: list[dict] | None, *, chat: bool,
-            timeout_s: float) -> tuple[str, list[dict], list[PromptResult]]:
-    """Ask every prompt. Raises ServerUnreachable when the server does not answer at all."""
-    found, mlen = discover_model(base_url, timeout_s=min(timeout_s, 10.0))
+            timeout_s: float, api_key: str | None = None) -> tuple[str, list[dict], list[PromptResult]]:
+    """Ask every prompt. Raises ServerUnreachable when the server does not answer at all, and
+    RequestFailed when it refuses every request alike (401/403: an API key; 404: not this API)."""
+    found, mlen = discover_model(base_url, timeout_s=min(timeout_s, 10.0), api_key=api_key)
     model = model or found
     sent, results = [], []
     for p in prompts or render(bundled_prompts(), mlen):
-        p2, r = _ask(base_url, model, p, chat, timeout_s)
+        p2, r = _ask(base_url, model, p, chat, timeout_s, api_key)
         sent.append(p2)
         results.append(r)
     return model, sent, results
@@ -84,13 +89,14 @@ def load_reference(path: Path) -> dict:
 
 
 def run_probe(base_url: str, model: str | None = None, reference: Path | None = None, timeout_s: float = 60.0,
-              *, weight_format: str | None = None, chat: bool = False) -> ProbeReport:
+              *, weight_format: str | None = None, chat: bool = False, api_key: str | None = None) -> ProbeReport:
     """Probe a live server; with `reference`, compare against it, else only the absolute checks."""
     t0 = time.perf_counter()
     ref = load_reference(reference) if reference is not None else None
     if ref is not None:
         chat = bool(ref.get("chat", chat))  # answers are only comparable in the mode they were made in
-    model, _, results = collect(base_url, model, ref["prompts"] if ref else None, chat=chat, timeout_s=timeout_s)
+    model, _, results = collect(base_url, model, ref["prompts"] if ref else None, chat=chat, timeout_s=timeout_s,
+                                api_key=api_key)
     ref_answers = {k: Answer.model_validate(v) for k, v in ref["answers"].items()} if ref else None
     verdict = judge(results, weight_format=weight_format, reference=ref_answers)
     note = "compared with the reference" if ref else "no reference: only the absolute checks ran"
@@ -100,10 +106,10 @@ def run_probe(base_url: str, model: str | None = None, reference: Path | None = 
 
 
 def record_reference(base_url: str, model: str | None, path: Path, timeout_s: float = 60.0, *,
-                     weight_format: str | None = None, chat: bool = False) -> ProbeReport:
+                     weight_format: str | None = None, chat: bool = False, api_key: str | None = None) -> ProbeReport:
     """Probe (absolute checks) and, only when that passes, write the answers as the reference."""
     t0 = time.perf_counter()
-    model, sent, results = collect(base_url, model, None, chat=chat, timeout_s=timeout_s)
+    model, sent, results = collect(base_url, model, None, chat=chat, timeout_s=timeout_s, api_key=api_key)
     verdict = judge(results, weight_format=weight_format)
     rep = ProbeReport(verdict=verdict, model=model, base_url=base_url, weight_format=weight_format or "bf16",
                       reference_used=False, prompts=results, elapsed_s=time.perf_counter() - t0,

@@ -11,7 +11,7 @@ from html import escape
 
 from moelab.report.build import COLOURS
 from moelab.report.svg import tradeoff
-from moelab.study.stats import primary
+from moelab.study.stats import interval_text, primary, tie_sentence
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;color:#1d2330;margin:0;background:#f4f5f7}
@@ -44,18 +44,17 @@ def _rec(rec: dict | None, slo: dict) -> str:
                 "<p>Every trial's verdict and evidence is listed below.</p></div>")
     tie = ""
     if rec["tie"]:
-        tie = ("<p class='tie'>Tie: " + "; ".join(f"{escape(t['label'])} {t['output_tps']:.1f} tok/s "
-                                                  f"(CI {t['ci95'][0]:.1f}-{t['ci95'][1]:.1f})" for t in rec["tie"])
-               + ". The 95% intervals overlap; the pick has the fewest changes from the baseline.</p>")
+        tie = f"<p class='tie'>{escape(tie_sentence(rec).replace('`', ''))}</p>"
     elif rec.get("runner_up"):
         r = rec["runner_up"]
-        tie = (f"<p class='muted'>Runner-up: {escape(r['label'])}, {r['output_tps']:.1f} tok/s "
-               f"(CI {r['ci95'][0]:.1f}-{r['ci95'][1]:.1f}).</p>")
+        tie = f"<p class='muted'>Runner-up: {escape(r['label'])}, {r['output_tps']:.1f} tok/s ({interval_text(r)}).</p>"
+    if rec.get("measured_once"):
+        tie += "<p class='tie'>Measured once: no interval yet. Measure it again before trusting it.</p>"
     slos = ", ".join(f"{k} &le; {v:g}" for k, v in slo.items() if v is not None)
     return (f"<div class='card rec'><div class='muted'>Recommended launch command</div>"
             f"<div class='big'>{escape(rec['label'])}: {rec['output_tps']:.1f} output tok/s "
-            f"<span class='muted' style='font-weight:400'>(95% CI {rec['ci95'][0]:.1f}-{rec['ci95'][1]:.1f}, "
-            f"n={rec['n']})</span></div><pre>{escape(rec['command'])}</pre>{tie}"
+            f"<span class='muted' style='font-weight:400'>({interval_text(rec)})</span></div>"
+            f"<pre>{escape(rec['command'])}</pre>{tie}"
             + (f"<div class='muted'>SLOs (p90): {slos}</div>" if slos else "") + "</div>")
 
 
@@ -92,7 +91,7 @@ def _matrix(m: dict | None) -> str:
             f"<table class='matrix'><tr><th>{corner}</th>{head}</tr>{''.join(rows)}</table>")
 
 
-def _ranked(ranked: list[dict]) -> str:
+def _ranked(ranked: list[dict], picked: str | None = None) -> str:
     if not ranked:
         return ""
     hi = max(c["high"] for c in ranked) or 1
@@ -101,8 +100,10 @@ def _ranked(ranked: list[dict]) -> str:
         lo_x, hi_x, m_x = 200 * c["low"] / hi, 200 * c["high"] / hi, 200 * c["mean"] / hi
         bar = (f"<svg width='210' height='14'><line x1='{lo_x:.1f}' y1='7' x2='{hi_x:.1f}' y2='7' stroke='#2e9d5b' "
                f"stroke-width='4'/><circle cx='{m_x:.1f}' cy='7' r='4' fill='#1d2330'/></svg>")
-        rows.append(f"<tr><td>{escape(c['label'])}</td><td class='num'>{c['mean']:.1f}</td>"
-                    f"<td class='num'>{c['low']:.1f}-{c['high']:.1f}</td><td class='num'>{len(c['samples'])}</td>"
+        ci = f"{c['low']:.1f}-{c['high']:.1f}" if len(c["samples"]) > 1 else "measured once"
+        mark = " <b>(recommended)</b>" if c["label"] == picked else ""
+        rows.append(f"<tr><td>{escape(c['label'])}{mark}</td><td class='num'>{c['mean']:.1f}</td>"
+                    f"<td class='num'>{ci}</td><td class='num'>{len(c['samples'])}</td>"
                     f"<td>{bar}</td></tr>")
     return ("<h2>Configurations that work, fastest first</h2><table><tr><th>configuration</th><th>output tok/s</th>"
             "<th>95% CI</th><th>n</th><th>interval</th></tr>" + "".join(rows) + "</table>")
@@ -151,4 +152,4 @@ def render(data: dict) -> str:
             + ("" if s["spec"].get("strategy") == "bisect" else _rec(data["recommendation"], data["slo"])) + _bisect((s.get("extra") or {}).get("bisect"))
             + f"<div class='legend'>{causes}</div>" + _matrix(data["matrix"])
             + "<h2>Throughput and latency</h2><div class='card'>" + tradeoff(data["curves"], data["pareto"]) + "</div>"
-            + _ranked(data["ranked"]) + f"<h2>Trials</h2>{trials}</main></body></html>\n")
+            + _ranked(data["ranked"], (data["recommendation"] or {}).get("label")) + f"<h2>Trials</h2>{trials}</main></body></html>\n")

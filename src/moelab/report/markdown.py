@@ -1,7 +1,7 @@
 """The Markdown report: reads well in a terminal and in a pull request. Recommendation first."""
 from __future__ import annotations
 
-from moelab.study.stats import primary
+from moelab.study.stats import interval_text, primary, tie_sentence
 
 
 def _cell(t: str) -> str:
@@ -12,15 +12,18 @@ def recommendation_md(rec: dict | None, slo: dict) -> list[str]:
     if not rec:
         return ["**No configuration worked under the SLOs.** Every trial's verdict is below.", ""]
     lines = [f"**Recommended:** `{rec['label']}` at **{rec['output_tps']:.1f} output tok/s** "
-             f"(95% CI {rec['ci95'][0]:.1f}-{rec['ci95'][1]:.1f}, n={rec['n']})", ""]
+             f"({interval_text(rec)})", ""]
+    if rec.get("measured_once"):
+        lines += ["No configuration was measured more than once, so this pick has no interval: measure it again "
+                  "(`--rerun`, or more finalist repeats) before trusting it.", ""]
     if rec["tie"]:
-        lines += ["Statistically tied with: " + "; ".join(
-            f"`{t['label']}` {t['output_tps']:.1f} tok/s (CI {t['ci95'][0]:.1f}-{t['ci95'][1]:.1f})" for t in rec["tie"])
-            + ". The intervals overlap, so this is a tie, not a win; the pick is the one with the fewest changes "
-              "from the baseline.", ""]
+        lines += [tie_sentence(rec), ""]
     elif rec.get("runner_up"):
         r = rec["runner_up"]
-        lines += [f"Runner-up: `{r['label']}` {r['output_tps']:.1f} tok/s (CI {r['ci95'][0]:.1f}-{r['ci95'][1]:.1f}).", ""]
+        lines += [f"Runner-up: `{r['label']}` {r['output_tps']:.1f} tok/s ({interval_text(r)}).", ""]
+    for u in rec.get("unrepeated_faster") or []:
+        lines += [f"Not recommended although faster once: `{u['label']}` {u['output_tps']:.1f} tok/s (measured once; "
+                  "a single measurement is not repeated evidence).", ""]
     lines += ["```sh", rec["command"], "```", ""]
     if any(v is not None for v in slo.values()):
         lines += ["SLOs (p90): " + ", ".join(f"{k} <= {v:g}" for k, v in slo.items() if v is not None), ""]
@@ -68,8 +71,11 @@ def render(data: dict) -> str:
     if data["ranked"]:
         out += ["## Configurations that work, fastest first", "",
                 "| configuration | output tok/s | 95% CI | n |", "|---|---:|---|---:|"]
+        picked = rec["label"] if rec else None
         for c in data["ranked"]:
-            out.append(f"| {_cell(c['label'])} | {c['mean']:.1f} | {c['low']:.1f}-{c['high']:.1f} | {len(c['samples'])} |")
+            ci = f"{c['low']:.1f}-{c['high']:.1f}" if len(c["samples"]) > 1 else "measured once"
+            mark = " **(recommended)**" if c["label"] == picked else ""
+            out.append(f"| {_cell(c['label'])}{mark} | {c['mean']:.1f} | {ci} | {len(c['samples'])} |")
         out.append("")
     if data["pareto"]:
         out += ["Pareto front (throughput vs p90 latency): " + "; ".join(

@@ -9,7 +9,6 @@ tears the server down on the way out.
 from __future__ import annotations
 
 import os
-import signal
 import time
 from pathlib import Path
 from typing import Callable
@@ -25,28 +24,12 @@ OWNER = "MOELAB_TRIAL_OWNER"  # "<store path>#<trial id>" in the environment of 
 
 
 def reap_orphans(owner: str, grace_s: float = 3.0) -> list[int]:
-    """End the processes a SIGKILLed moelab left behind for this store (TERM, then KILL)."""
-    import psutil
+    """End the processes a killed moelab left behind for this store: only those whose moelab is
+    gone (a live study writing the same store is never touched; the store lock refuses it anyway)."""
+    from moelab.launch import leftovers
 
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if p.pid != os.getpid() and p.environ().get(OWNER, "").startswith(owner + "#"):
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    for p in found:
-        try:
-            p.send_signal(signal.SIGTERM)
-        except psutil.Error:
-            pass
-    _, alive = psutil.wait_procs(found, timeout=grace_s)
-    for p in alive:
-        try:
-            p.kill()
-        except psutil.Error:
-            pass
-    return [p.pid for p in found]
+    found = leftovers.find(lambda env: env.get(OWNER, "").startswith(owner + "#"))
+    return leftovers.end(found, grace_s)
 
 
 class BudgetSpent(Exception):
@@ -67,8 +50,17 @@ def model_args(study: StudyFile) -> list[str]:
 
 class StudyRunner:
     def __init__(self, study: StudyFile, store: Store, out_dir: Path, *, rerun: bool = False,
-                 on_event: Callable[[dict], None] | None = None, fingerprint: dict | None = None) -> None:
+                 on_event: Callable[[dict], None] | None = None, fingerprint: dict | None = None,
+                 api_key: str | None = None) -> None:
+        from moelab.secrets import Secrets, api_key as resolve_key
+
         self.study, self.store, self.out_dir, self.rerun = study, store, Path(out_dir), rerun
+        self.api_key = resolve_key(api_key)
+        # every value of the study that is secret, masked in everything the store keeps
+        axes = [f"{k}={v}" for k, vals in study.axes.items() if isinstance(vals, list) for v in vals
+                if isinstance(v, str)]
+        store.secrets = store.secrets + Secrets.gather(env=study.env, flags=study.base, extra=[self.api_key],
+                                                       argv=[*study.command, *to_args(study.base), *axes])
         self.on_event = on_event or (lambda e: None)
         self.fingerprint = fingerprint if fingerprint is not None else _fingerprint(study.engine)
         self.study_id, self.resumed = store.open_study(study.name, study.model_dump(mode="json"), self.fingerprint)
@@ -86,7 +78,8 @@ class StudyRunner:
         flags = cand.flags(self.study.base)
         lim = self.study.launch.memory_limit_gib
         spec = LaunchSpec(engine=self.study.engine, args=model_args(self.study) + to_args(flags), env=self.study.env,
-                          timeout_s=self.study.launch.timeout_s, memory_limit_bytes=int(lim * 2**30) if lim else None)
+                          timeout_s=self.study.launch.timeout_s, memory_limit_bytes=int(lim * 2**30) if lim else None,
+                          api_key=self.api_key)
         return flags, spec
 
     def trial(self, cand: Candidate, loads: int = 1, record_reference: Path | None = None) -> dict:

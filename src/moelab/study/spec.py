@@ -127,6 +127,19 @@ class StudyFile(_Strict):
     launch: Launch = Field(default_factory=Launch)
     bisect: dict[str, FlagValue] | None = None  # bisect: the failing combination (flags over base)
 
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, v):
+        from moelab.engines import ENGINES
+
+        if v not in ENGINES:
+            import difflib
+
+            near = difflib.get_close_matches(v, ENGINES.names(), n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(f"engine {v!r} is not one moelab knows: {hint}use one of {', '.join(ENGINES.names())}")
+        return v
+
     @field_validator("base", "axes", "reference", "bisect")
     @classmethod
     def _flag_names(cls, v):

@@ -99,32 +99,66 @@ def ranked(trials: list[dict], slo: dict, base: dict | None = None) -> list[dict
 
 
 def command_line(trial: dict) -> str:
-    """The exact launch command of a trial, with its environment, ready to paste."""
+    """The launch command of a trial as a user would type it: its environment (secrets masked),
+    the engine's own form of the command, and no port moelab picked for the trial (the engine's
+    default applies, or `{port}` where the command line had that placeholder)."""
+    from moelab.engines import ENGINES
+
     env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted((trial.get("env") or {}).items()))
     argv = list(trial.get("command") or trial.get("args") or [])
-    if argv[1:4] == ["-m", "moelab.cli", "serve"]:  # the embedded engine: `python -m moelab.cli` is `moelab`
-        argv = ["moelab", *argv[3:]]
+    engine = trial.get("engine") or "embedded"
+    if engine in ENGINES:
+        argv = ENGINES.create(engine).display_command(list(trial.get("args") or []), argv)
     return (env + " " if env else "") + shlex.join(argv)
 
 
+def interval_text(c: dict) -> str:
+    """`95% CI 2363.3-2973.9, n=4`, or `measured once` where one sample gives no interval."""
+    n = len(c["samples"]) if "samples" in c else c["n"]
+    low, high = (c["low"], c["high"]) if "low" in c else c["ci95"]
+    return "measured once" if n < 2 else f"95% CI {low:.1f}-{high:.1f}, n={n}"
+
+
 def recommend(trials: list[dict], slo: dict, base: dict | None = None) -> dict | None:
-    """The fastest correct configuration under the SLOs, with its interval; a tie is called a tie."""
+    """The fastest correct configuration under the SLOs, measured more than once, with its interval.
+
+    Only a configuration with repeated measurements can be recommended (the strategies measure a
+    single measurement that looks best again, as a finalist); where none has, the best single one
+    is returned marked `measured_once`. Overlapping intervals are a tie, and then the fewest changes
+    from the baseline decide; `decided_by` says which rule picked it.
+    """
     base = base or {}
     r = ranked(trials, slo, base)
     if not r:
         return None
-    best = r[0]
-    ties = [c for c in r[1:] if c["high"] >= best["low"] and best["high"] >= c["low"] and len(c["samples"]) > 1
-            and len(best["samples"]) > 1]
-    if ties:  # among tied configurations prefer the fewest changes from the known-good baseline
+    repeated = [c for c in r if len(c["samples"]) > 1]
+    pool = repeated or r
+    best, decided = pool[0], "fastest" if repeated else "measured once"
+    ties = [c for c in pool[1:] if c["high"] >= best["low"] and best["high"] >= c["low"]] if repeated else []
+    if ties:
         group = sorted([best, *ties], key=lambda c: (distance(c, base), -c["mean"]))
+        if group[0] is not best:
+            decided = "fewest changes among tied"
         best, ties = group[0], group[1:]
     by_id = {t["id"]: t for t in trials}
     src = by_id[best["trials"][-1]]
-    return {"label": best["label"], "flags": best["flags"], "changes": best["changes"],
-            "output_tps": round(best["mean"], 2), "ci95": [round(best["low"], 2), round(best["high"], 2)],
-            "n": len(best["samples"]), "command": command_line(src), "trial": src["id"], "valid": best["valid"],
-            "tie": [{"label": c["label"], "output_tps": round(c["mean"], 2),
-                     "ci95": [round(c["low"], 2), round(c["high"], 2)], "n": len(c["samples"])} for c in ties],
-            "runner_up": next(({"label": c["label"], "output_tps": round(c["mean"], 2),
-                                "ci95": [round(c["low"], 2), round(c["high"], 2)]} for c in r if c is not best), None)}
+
+    def brief(c: dict) -> dict:
+        return {"label": c["label"], "output_tps": c["mean"], "ci95": [c["low"], c["high"]], "n": len(c["samples"])}
+
+    return {**brief(best), "flags": best["flags"], "changes": best["changes"], "command": command_line(src),
+            "trial": src["id"], "valid": best["valid"], "decided_by": decided, "measured_once": not repeated,
+            "tie": [brief(c) for c in ties], "unrepeated_faster": [brief(c) for c in r if len(c["samples"]) < 2
+                                                                   and c["mean"] > best["mean"]],
+            "runner_up": next((brief(c) for c in pool if c is not best), None)}
+
+
+def tie_sentence(rec: dict) -> str:
+    """What the tie means, in the words of the rule that decided it (same figures as the table)."""
+    if not rec.get("tie"):
+        return ""
+    tied = "; ".join(f"`{t['label']}` {t['output_tps']:.1f} tok/s ({interval_text(t)})" for t in rec["tie"])
+    why = ("the pick is the one with the fewest changes from the baseline"
+           if rec.get("decided_by") == "fewest changes among tied"
+           else "the pick is also the fastest of them")
+    return f"Statistically tied with: {tied}. The intervals overlap, so this is a tie, not a win; {why}."

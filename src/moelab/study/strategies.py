@@ -29,11 +29,22 @@ def _measure(r: StudyRunner, cands: list[Candidate]) -> list[dict]:
 
 
 def _finalists(r: StudyRunner, trials: list[dict]) -> list[dict]:
-    """Run the best configurations again (`repeats` load runs each, in a fresh launch)."""
-    slo = r.study.slo.model_dump()
-    best = stats.ranked(trials, slo, r.study.base)[: r.study.staged.finalists]
-    return [r.trial(Candidate(tuple((k, v) for k, v in c["changes"] or []), "final"), loads=r.study.staged.repeats)
-            for c in best]
+    """Run the best configurations again (`repeats` load runs each, in a fresh launch). A
+    configuration measured once that still ranks first afterwards is measured again too, so the
+    recommendation always rests on repeated measurements."""
+    slo, base = r.study.slo.model_dump(), r.study.base
+
+    def final(c: dict) -> dict:
+        return r.trial(Candidate(tuple((k, v) for k, v in c["changes"] or []), "final"), loads=r.study.staged.repeats)
+
+    out = [final(c) for c in stats.ranked(trials, slo, base)[: r.study.staged.finalists]]
+    for _ in range(r.study.staged.finalists):
+        finished = [t for t in r.store.trials(r.study_id) if t["status"] in ("done", "reused")]
+        top = stats.ranked(finished, slo, base)
+        if not top or len(top[0]["samples"]) > 1:
+            break
+        out.append(final(top[0]))
+    return out
 
 
 def _tune(r: StudyRunner, trials: list[dict]) -> list[dict]:
@@ -122,6 +133,12 @@ def run_study(r: StudyRunner) -> dict:
         extra = DRIVERS[r.study.strategy](r)
     except BudgetSpent as e:
         extra, status = {"budget": str(e)}, "budget"
+    except KeyboardInterrupt:
+        r.finish(None, "interrupted", {"note": "interrupted; run the same command to resume"})
+        raise
+    except Exception as e:  # never leave a study marked `running` by a run that is gone
+        r.finish(None, "failed", {"error": f"{type(e).__name__}: {e}"})
+        raise
     trials = r.store.trials(r.study_id)
     rec = None if r.study.strategy == "bisect" else stats.recommend(  # bisect explains a failure only
         [t for t in trials if t["status"] in ("done", "reused")], r.study.slo.model_dump(), r.study.base)

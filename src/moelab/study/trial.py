@@ -73,9 +73,9 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
                 on_progress({"phase": "probe"})
             try:
                 if record_reference_to is not None:
-                    rep = record_reference(srv.url, srv.model, record_reference_to)
+                    rep = record_reference(srv.url, srv.model, record_reference_to, api_key=srv.spec.api_key)
                 else:
-                    rep = run_probe(srv.url, srv.model, reference, weight_format=fmt)
+                    rep = run_probe(srv.url, srv.model, reference, weight_format=fmt, api_key=srv.spec.api_key)
                 srv.record(rep.verdict)
             except Exception as e:  # the probe could not talk to it: did the server die or hang?
                 _client_error(srv, Phase.probe, e)
@@ -89,7 +89,7 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
                              num_prompts=workload.num_prompts, seed=workload.seed + r, slo=SLO(**slo),
                              weight_format=fmt, max_loop_lag_ms=50.0)
                 try:
-                    res = run_load(srv.url, w, model=srv.model, reference=reference)
+                    res = run_load(srv.url, w, model=srv.model, reference=reference, api_key=srv.spec.api_key)
                 except Exception as e:
                     v = _client_error(srv, Phase.load, e)
                     break
