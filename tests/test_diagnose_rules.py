@@ -1,16 +1,23 @@
-"""Every diagnosis rule on a realistic log excerpt (tier 1: pure, milliseconds).
+"""Every diagnosis rule on a log excerpt (tier 1: pure, milliseconds).
 
-The excerpts follow the shapes in research/moe-backends-and-failures.md §4 and the vLLM CPU
-feasibility notes §4: SGLang's "[time TPn]" prefixes, vLLM's "(EngineCore_DP0 pid=..)" prefixes,
-tracebacks followed by wrapper lines. A rule added to generic.yaml or embedded.yaml without an
-entry here fails test_every_rule_has_a_case.
+Two kinds of excerpt: shapes that follow research/moe-backends-and-failures.md §4 and the vLLM CPU
+feasibility notes §4 (SGLang's "[time TPn]" prefixes, vLLM's "(EngineCore_DP0 pid=..)" prefixes,
+tracebacks followed by wrapper lines), and real logs of the corpus's dev split
+(tests/data/real-logs, copied from public threads) for the rule families written against it. A rule
+added to generic.yaml or embedded.yaml without an entry in either table fails
+test_every_rule_has_a_case.
 """
 from __future__ import annotations
 
 import pytest
 
-from moelab.diagnose import classify, load_rules
+import json
+from pathlib import Path
+
+from moelab.diagnose import classify, guess_engine, load_rules
 from moelab.spec import Cause
+
+CORPUS = Path(__file__).parent / "data" / "real-logs"
 
 SG = "[2026-11-30 09:14:20 TP{r}] "
 VL = "(EngineCore_DP0 pid=4242) "
@@ -33,7 +40,9 @@ CASES = [
     ("cpu-alloc-failed", [VL + "INFO Allocating KV cache", *tb(VL, "RuntimeError: [enforce fail at alloc_cpu.cpp:127] "
                           "err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 6442450944 bytes. "
                           "Error code 12 (Cannot allocate memory)"), VLLM_WRAP], {"exit_code": 1}, Cause.host_oom),
-    ("shell-killed", ["[2026-11-30 09:14:20 TP0] Load weight begin. avail mem=78.50 GB", "Killed"], {}, Cause.killed_external),
+    # a shell's bare `Killed` with no OOM evidence at hand: the OOM killer is the likelier sender
+    # (the verdict says so, names killed_external as the alternative, and how to tell them apart)
+    ("shell-killed", ["[2026-11-30 09:14:20 TP0] Load weight begin. avail mem=78.50 GB", "Killed"], {}, Cause.host_oom),
     ("cuda-oom", [*tb(SG.format(r=1), "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB."),
                   SIGQUIT], {"exit_code": 1}, Cause.gpu_oom),
     ("kv-cache-no-room", [SG.format(r=0) + "Load weight end. avail mem=2.10 GB",
@@ -89,7 +98,9 @@ CASES = [
      {"exit_code": 1}, Cause.model_load_error),
     ("address-in-use", tb("(APIServer pid=77) ", "OSError: [Errno 98] Address already in use"), {"exit_code": 1},
      Cause.port_in_use),
-    ("sglang-sigquit", [SG.format(r=0) + "Load weight begin.", SIGQUIT, "Killed"], {"exit_code": 137}, Cause.killed_external),
+    ("sglang-sigquit", [SG.format(r=0) + "Load weight begin.", SIGQUIT, "Killed"], {"exit_code": 137}, Cause.host_oom),
+    ("tgi-shard-failed", ["2023-08-17T10:23:27.032737Z ERROR text_generation_launcher: Shard 0 failed to start",
+                          "Error: ShardCannotStart"], {"exit_code": 1}, Cause.unknown),
     ("vllm-engine-core", [VL + "INFO Initializing a V1 LLM engine", VLLM_WRAP], {"exit_code": 1}, Cause.unknown),
     ("capture-cuda-graph", [SG.format(r=0) + "Capture cuda graph failed: see above. Possible solutions: 1. set "
                             "--mem-fraction-static to a smaller value"], {"exit_code": -11}, Cause.native_crash),
@@ -127,6 +138,32 @@ def test_rule_on_realistic_log(rule_id, lines, kw, cause):
         assert ev.text in lines[ev.line - 1]
 
 
+# rule id -> a real log of the dev split that the rule decides (the case the family was written from)
+REAL = {"orchestrator-kill": "kserve-3792", "native-crash": "llama.cpp-3685", "hang-watchdog": "llm-scaler-77",
+        "ray-memory-monitor": "lmm-r1-71", "startup-timed-out": "modal-examples-1553",
+        "not-enough-system-memory": "ollama-10920", "rendezvous": "pytorch-105782", "jit-link": "triton-1981"}
+
+
+@pytest.mark.parametrize("rule_id,case", REAL.items(), ids=list(REAL))
+def test_rule_on_a_real_log(rule_id, case):
+    assert case in json.loads((CORPUS / "split.json").read_text())["dev"], "rules are written on the dev split only"
+    meta = json.loads((CORPUS / case / "meta.json").read_text())
+    lines = (CORPUS / case / "log.txt").read_text().splitlines()
+    v = classify(lines, exit_code=meta.get("exit_code"), engine=guess_engine(lines))
+    assert (v.cause.value, v.detail["rule"]) == (meta["expected_cause"], rule_id)
+
+
 def test_every_rule_has_a_case():
     ids = {r.id for r in load_rules("embedded")}
-    assert ids - {c[0] for c in CASES} == set()
+    assert ids - {c[0] for c in CASES} - set(REAL) == set()
+
+
+def test_a_bare_kill_says_which_is_likelier_and_how_to_tell():
+    v = classify(["Loading checkpoint shards:  50%|#####     | 1/2 [00:10<00:10, 10.0s/it]Killed"])
+    assert v.cause is Cause.host_oom and v.alternatives[0].cause is Cause.killed_external
+    assert "dmesg" in v.advice and "OOMKilled" in v.advice
+    # moelab's own cgroup counted no OOM kill: then it was not one
+    from moelab.diagnose import OomEvidence
+
+    v = classify(["Killed"], exit_code=-9, oom=OomEvidence(source="cgroup v2", limit_bytes=1 << 30))
+    assert v.cause is Cause.killed_external

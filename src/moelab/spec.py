@@ -54,6 +54,13 @@ class Evidence(BaseModel):
     source: str | None = None  # rule id, file, URL or issue reference the fact comes from
 
 
+class Alternative(BaseModel):
+    """A second reading of the same evidence: another cause, and how confident it is."""
+
+    cause: Cause
+    confidence: float
+
+
 class Verdict(BaseModel):
     """(phase, cause, evidence[], advice): the answer to "did it work, and if not, why"."""
 
@@ -62,6 +69,8 @@ class Verdict(BaseModel):
     evidence: list[Evidence] = Field(default_factory=list)
     advice: str = ""
     detail: dict[str, Any] = Field(default_factory=dict)  # free-form extras (timings, rule ids)
+    confidence: float | None = None  # how sure the deciding evidence makes the cause (None: not judged)
+    alternatives: list[Alternative] = Field(default_factory=list)  # ranked second readings
 
     @property
     def ok(self) -> bool:

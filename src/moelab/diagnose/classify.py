@@ -1,10 +1,21 @@
-"""Evidence -> Verdict: the pure classifier behind `moelab launch` and `moelab diagnose`.
+"""Evidence -> Verdict: the pure, layered classifier behind `moelab launch` and `moelab diagnose`.
 
-Reads the whole log, not its last line: SGLang and vLLM end a failed launch with generic wrapper
+It reads the whole log, not its last line: SGLang and vLLM end a failed launch with generic wrapper
 lines ("Received sigquit from a child process", "Engine core initialization failed. See root cause
-above") and several ranks interleave their output. The earliest root-error line wins; wrapper
-lines count only when no root error exists; then the exit status / signal, and the OOM evidence
-read from the memory cgroup, decide between host_oom, killed_external and native_crash.
+above") and several ranks interleave. Four layers, each used where the one above says nothing:
+  1. signature rules (data with sources, rules/*.yaml; the engine's own first);
+  2. the structure of the log (structure.py): the first exception of each traceback and the
+     package that raised it, native crash reports, kills and OOM evidence, leftovers, degenerate
+     output, stalled throughput;
+  3. cause words scored over the whole log (words.py);
+  4. `unknown`, which then says what was looked for.
+The earliest strong finding is the root cause; everything after it is consequence. The exit status
+and the OOM evidence read from the trial's memory cgroup decide between host_oom, killed_external
+and native_crash. Every verdict carries its deciding evidence, a confidence, and the ranked
+alternatives, so a borderline call shows its second reading.
+
+    >>> classify(["RuntimeError: CUDA error: an illegal memory access was encountered"]).cause.value
+    'illegal_memory_access'
 """
 from __future__ import annotations
 
@@ -13,23 +24,66 @@ import signal as _signal
 
 from pydantic import BaseModel, Field
 
+from moelab.diagnose import structure, words
+from moelab.diagnose.lines import strip_prefixes
 from moelab.diagnose.ruleset import Rule, load_rules
-from moelab.spec import Cause, Evidence, Phase, Verdict
+from moelab.diagnose.structure import STRONG, Finding
+from moelab.spec import Alternative, Cause, Evidence, Phase, Verdict
 
-# Prefixes stripped (repeatedly) before matching: our own server.log time stamp, SGLang's
-# "[2026-01-02 10:11:12 TP3] ", vLLM's "(EngineCore_DP0 pid=123) " and "(VllmWorker TP1 pid=9) ".
-_PREFIXES = [
-    re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s"),
-    re.compile(r"^\[(?P<rank>[^\]]*?\b(?:TP|DP|EP|PP|RANK)\s?\d+[^\]]*)\]\s?"),
-    re.compile(r"^\[\d{4}-\d\d-\d\d[ T][\d:.,]+\]\s?"),
-    re.compile(r"^\((?P<rank>[\w:.-]+(?: [\w:.-]+)* pid=\d+)\)\s?"),
-    # vLLM's logger: "ERROR 11-30 20:07:21 [multiproc_executor.py:1063] " (level, time, source line)
-    re.compile(r"^(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \[[^\]]+\] "),
-]
 _TRACEBACK = "Traceback (most recent call last):"
+# A log that spans several server lifetimes (restarts, a clean stop then a new start) is judged on
+# the last lifetime that has a failure: these lines begin one, or end one cleanly.
+_LIFETIME = re.compile(r"Starting vLLM (?:API )?server|server_args=ServerArgs\(|moelab\.engine phase=start\b|"
+                       r"Started server process|Application shutdown complete|moelab\.engine phase=shutdown|"
+                       r"^Shutdown complete")
 _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b(?::.*)?$")
-_SIGNAL_EXIT = {137: 9, 139: 11, 134: 6, 135: 7, 143: 15, 136: 8}
+_SIGNAL_EXIT = {137: 9, 139: 11, 134: 6, 135: 7, 143: 15, 136: 8, 132: 4}
 _NATIVE = {_signal.SIGSEGV, _signal.SIGABRT, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL}
+
+# What to do next when a cause was found by structure or words rather than by a rule with advice.
+ADVICE: dict[Cause, str] = {
+    Cause.bad_args: "The engine refused its configuration; the evidence names the setting. Fix it (check the flag "
+                    "against this engine version's --help; `moelab check` validates a command line).",
+    Cause.unsupported_arch: "This backend or build has no kernels for this GPU architecture: choose another backend, "
+                            "or a build made for this arch (`moelab check --gpu sm_XX` says which backends fit).",
+    Cause.kernel_resource_limit: "A kernel needs more shared memory or registers than this GPU has: use another "
+                                 "backend, or smaller tiles / fewer stages (num_stages, block sizes).",
+    Cause.host_oom: "Host RAM ran out (the kernel's or the container's OOM killer). Give the process more memory, "
+                    "load fewer shards at once, or rerun under `moelab launch --memory-limit` to measure it.",
+    Cause.gpu_oom: "GPU memory ran out: lower the memory fraction (--mem-fraction-static, --gpu-memory-utilization), "
+                   "the batch or context size, or use more GPUs / a smaller weight format.",
+    Cause.illegal_memory_access: "A kernel faulted on the GPU. Rerun with CUDA_LAUNCH_BLOCKING=1 to find it, disable "
+                                 "CUDA graphs (--disable-cuda-graph / --enforce-eager), and switch the backend named.",
+    Cause.jit_compile_error: "A kernel failed to build at run time: check the compiler, CUDA toolkit and linker "
+                             "(nvcc/ninja on PATH, libcuda.so visible to ld, a toolkit that knows this arch).",
+    Cause.collective_error: "A collective between ranks failed: rerun with NCCL_DEBUG=INFO; check the network between "
+                            "nodes, /dev/shm in containers (--shm-size, --ipc=host), NCCL_P2P_DISABLE=1 on PCIe.",
+    Cause.numerical_nan: "The model produced NaN/Inf: try another dtype (bfloat16 rather than float16), another "
+                         "quantization or backend.",
+    Cause.garbage_output: "The server answered, but with degenerate text: compare it with a known-good configuration "
+                          "(`moelab probe --against REF.json`) and switch the backend, quantization or dtype.",
+    Cause.model_load_error: "The model could not be loaded: check the path and the files (format, complete shards), "
+                            "and that this engine version knows the architecture (or needs --trust-remote-code).",
+    Cause.port_in_use: "Another process holds the port: stop it, or choose another port (leave --port out under "
+                       "`moelab launch` to get a free one).",
+    Cause.startup_timeout: "The server was alive but not ready in time: raise the launcher's timeout if loading was "
+                           "still progressing (big checkpoints, slow disks), otherwise look at the last phase in the log.",
+    Cause.hang: "The server stopped making progress: a stuck collective or kernel is likely. On multi-GPU try "
+                "NCCL_P2P_DISABLE=1 and --disable-custom-all-reduce, and disable CUDA graphs to localise it.",
+    Cause.killed_external: "Something outside the server stopped it (a user, an orchestrator, a time limit). Check "
+                           "who: the scheduler's events (kubectl describe pod, sacct), or `journalctl`.",
+    Cause.native_crash: "The process died of a native crash. Get a backtrace (faulthandler, `gdb -batch -ex bt`), rerun "
+                        "with CUDA_LAUNCH_BLOCKING=1, and report it upstream with the command line.",
+    Cause.orphan_leak: "Processes (or GPU memory, or the port) outlived the server: end them (moelab doctor "
+                       "--end-leftovers for moelab's own) and report it upstream; `moelab launch` checks this.",
+    Cause.unknown: "",
+}
+_HOW_TO_TELL = ("To tell a host OOM from an outside kill: `dmesg -T | grep -i 'killed process'` or `journalctl -k`, "
+                "`docker inspect -f '{{.State.OOMKilled}}' CONTAINER`, the cgroup's memory.events oom_kill count; "
+                "`moelab launch --memory-limit` records this evidence itself.")
+LOOKED_FOR = ("signature rules (engine and generic)", "Python exceptions and the package that raised them",
+              "native crash reports (C++ terminate, faulthandler, signals)", "kills and OOM-killer lines",
+              "process listings of leftovers", "degenerate output", "stalled throughput", "cause words")
 
 
 class OomEvidence(BaseModel):
@@ -49,38 +103,25 @@ class OomEvidence(BaseModel):
                           and self.last_rss_bytes >= 0.9 * self.limit_bytes)
         return self.oom_kill > 0 or bool(self.kernel_lines) or near_limit
 
+    @property
+    def counts_kills(self) -> bool:
+        """A memory cgroup counts every OOM kill in it: a SIGKILL it did not count was not an OOM."""
+        return self.source.startswith("cgroup")
+
     def facts(self) -> list[Evidence]:
-        gib = lambda n: f"{n / 2**20:.0f} MiB" if n is not None else "-"  # noqa: E731
+        mib = lambda n: f"{n / 2**20:.0f} MiB" if n is not None else "-"  # noqa: E731
         text = (f"{self.source}: oom_kill={self.oom_kill}, failcnt={self.failcnt}, "
-                f"limit={gib(self.limit_bytes)}, peak={gib(self.max_usage_bytes)}, "
-                f"tree RSS at last sample={gib(self.last_rss_bytes)}")
+                f"limit={mib(self.limit_bytes)}, peak={mib(self.max_usage_bytes)}, "
+                f"tree RSS at last sample={mib(self.last_rss_bytes)}")
         out = [Evidence(kind="cgroup" if "cgroup" in self.source else "oom", text=text, source=self.source)]
         out += [Evidence(kind="kernel_log", text=k, source="kernel log") for k in self.kernel_lines[:3]]
         return out
 
 
-def strip_prefixes(line: str) -> tuple[str, str | None]:
-    """(line without time/rank prefixes, the rank label if there was one)."""
-    rank = None
-    changed = True
-    while changed:
-        changed = False
-        for rx in _PREFIXES:
-            m = rx.match(line)
-            if m:
-                label = m.groupdict().get("rank")
-                if label and rank is None:
-                    tag = re.search(r"\b(?:TP|DP|EP|PP|RANK)\s?\d+", label)
-                    rank = tag.group(0) if tag and not label.endswith(")") and "pid=" not in label else label
-                line, changed = line[m.end():], True
-    return line.rstrip("\r\n"), rank
-
-
-def first_exception(lines: list[str]) -> tuple[int, str] | None:
+def first_exception(lines: list[str], stripped: list[tuple[str, str | None]] | None = None) -> tuple[int, str] | None:
     """(1-based line, text) of the exception that ends the first Python traceback, per rank."""
     open_tb: dict[str | None, bool] = {}
-    for n, raw in enumerate(lines, 1):
-        text, rank = strip_prefixes(raw)
+    for n, (text, rank) in enumerate(stripped or (strip_prefixes(raw) for raw in lines), 1):
         if text.rstrip().endswith(_TRACEBACK):
             open_tb[rank] = True
         elif open_tb.get(rank) and _EXC_LINE.match(text):
@@ -96,6 +137,51 @@ def _signal_of(exit_code: int | None, signal: int | None) -> int | None:
     return _SIGNAL_EXIT.get(exit_code) if exit_code is not None else None
 
 
+class _Matcher:
+    """The rules of one classification. Each rule's required literals (ruleset.required_literals)
+    are looked for in the lower-cased line, and only the rules they point to (and those without
+    literals) are tried: most lines of a long log touch none."""
+
+    def __init__(self, rules: tuple[Rule, ...]) -> None:
+        self.rules = rules
+        self.always = [i for i, r in enumerate(rules) if r.literals is None]
+        self.by_literal: dict[str, list[int]] = {}
+        for i, r in enumerate(rules):
+            for lit in r.literals or ():
+                self.by_literal.setdefault(lit, []).append(i)
+        # literals by their first three characters: a line is looked up by its own trigrams
+        self.by_head: dict[str, list[tuple[str, list[int]]]] = {}
+        for lit, idx in self.by_literal.items():
+            self.by_head.setdefault(lit[:3], []).append((lit, idx))
+
+    def match(self, text: str) -> Rule | None:
+        cand = set(self.always)
+        low = text.lower()
+        heads = self.by_head
+        for head in {low[i:i + 3] for i in range(len(low) - 2)} & heads.keys():
+            for lit, idx in heads[head]:
+                if lit in low:
+                    cand.update(idx)
+        for i in sorted(cand):
+            if self.rules[i].regex.search(text):
+                return self.rules[i]
+        return None
+
+    def root_cause(self, text: str) -> Cause | None:
+        r = self.match(text)
+        return r.cause if r is not None and r.kind == "root" else None
+
+
+def _matcher(rules: tuple[Rule, ...]) -> _Matcher:
+    cached = _MATCHERS.get(id(rules))
+    if cached is None or cached.rules is not rules:
+        cached = _MATCHERS[id(rules)] = _Matcher(rules)
+    return cached
+
+
+_MATCHERS: dict[int, _Matcher] = {}
+
+
 def classify(lines: list[str], *, exit_code: int | None = None, signal: int | None = None,
              engine: str | None = None, oom: OomEvidence | None = None,
              phase_hint: str | None = None, rules: tuple[Rule, ...] | None = None) -> Verdict:
@@ -106,72 +192,171 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
     supervisor saw it die) or an engine log phase such as "loading_weights" (kept in detail).
     """
     rules = rules if rules is not None else load_rules(engine)
-    root = wrapper = None  # (line no, text, rank, rule): the first root line, the first wrapper with a cause
-    wrappers: list[Evidence] = []
-    for n, raw in enumerate(lines, 1):
-        text, rank = strip_prefixes(raw)
-        rule = next((r for r in rules if r.regex.search(text)), None)  # engine rules come first
-        if rule is None or rule.kind == "ignore":
+    m = _matcher(rules)
+    texts, ranks = [], []
+    for raw in lines:
+        t, r = strip_prefixes(raw)
+        texts.append(t)
+        ranks.append(r)
+
+    # layer 1: signature rules
+    roots, wrappers, matched = [], [], set()
+    for n, text in enumerate(texts, 1):
+        rule = m.match(text)
+        if rule is None:
             continue
-        if rule.kind == "root":
-            root = (n, text, rank, rule)
-            break  # the earliest root error wins; everything after it is consequence
-        if rule.cause is not Cause.unknown and wrapper is None:
-            wrapper = (n, text, rank, rule)
-        if len(wrappers) < 3:
-            wrappers.append(Evidence(kind="log", text=text.strip(), line=n, source=f"{rule.id} (wrapper)"))
+        matched.add(n)
+        if rule.kind == "ignore":
+            continue
+        f = Finding(cause=rule.cause, line=n, text=text, layer="rule", confidence=0.9, rank=ranks[n - 1],
+                    source=f"{rule.id}: {rule.source}", advice=rule.advice, rule_id=rule.id,
+                    kind="root" if rule.kind == "root" else "wrapper")
+        (roots if rule.kind == "root" else wrappers).append(f)
+    # layer 2: structure
     sig = _signal_of(exit_code, signal)
-    exit_ev = [Evidence(kind="exit", text=_exit_text(exit_code, sig))] if exit_code is not None or sig else []
+    sigkills, ooms, externals = structure.kills(texts)
+    strong = [*roots,
+              *(f for f in structure.exceptions(texts, ranks, m.root_cause) if f.line not in matched),
+              *(f for f in ooms if f.line not in matched),
+              *(f for f in structure.native_reports(texts, m.root_cause) if f.line not in matched),
+              *(f for f in structure.no_progress(texts) if f.line not in matched),
+              *(f for f in externals if f.line not in matched)]
+    bounds = [n for n, t in enumerate(texts, 1) if _LIFETIME.search(t)]
+    if bounds and strong:
+        last = max(f.line or 0 for f in strong)  # the lifetime of the last failure
+        start = max((b for b in bounds if b <= last), default=0)
+        strong = [f for f in strong if (f.line or 0) >= start]
+    known = [f for f in strong if f.cause is not Cause.unknown]
+    bugs = [f for f in strong if f.cause is Cause.unknown]
+    # weak readings (degenerate text, leftovers) and cause words decide only when nothing strong
+    # does, so a long log with a real error never pays for them
+    weak = [] if strong else [*(f for f in structure.degenerate(texts) if f.line not in matched),
+                              *(f for f in structure.leftovers(texts) if f.line not in matched)]
+    oom_found = (oom is not None and oom.found) or bool(ooms) or any(f.cause is Cause.host_oom for f in roots)
+    killed9 = sig == 9 or bool(sigkills)
+    scores = words.score(texts) if not strong or len(texts) <= 400 else []
+
+    decided: Finding | None = None
+    alts: dict[Cause, float] = {}
+    extra_advice = ""
+    if killed9 and oom_found and (oom is not None and oom.found or not known
+                                  or min(f.line for f in known) >= min([f.line for f in ooms] or [10**9])):
+        # the OOM killer (the cgroup's count, the kernel's line) decides, even over an earlier error line
+        src = next((f for f in roots + ooms if f.cause is Cause.host_oom), None)
+        decided = src or Finding(Cause.host_oom, None, "the memory cgroup counted an OOM kill", "oom", 0.95)
+        decided.confidence = 0.95
+    elif known or bugs:
+        decided = min(known + bugs, key=lambda f: (f.line or 0, f.strength != STRONG))
+        if decided.cause is Cause.unknown and known:  # a plain bug first, a known cause right behind: say both
+            nxt = min(known, key=lambda f: f.line or 0)
+            alts[nxt.cause] = 0.45
+    elif killed9:
+        decided, extra_advice = _sigkill(sig, sigkills, externals, oom, phase_hint, alts)
+    elif weak:
+        decided = max(weak, key=lambda f: (f.confidence, -(f.line or 0)))
+    elif sig in _NATIVE:
+        decided = Finding(Cause.native_crash, None, _exit_text(exit_code, sig), "exit", 0.7,
+                          advice="The server died of a native signal with no Python error in the log. Rerun with "
+                                 "CUDA_LAUNCH_BLOCKING=1 (and without CUDA graphs: --disable-cuda-graph / "
+                                 "--enforce-eager), or get a backtrace with `gdb -batch -ex bt --args ...` / faulthandler.")
+    elif wrappers and any(w.cause is not Cause.unknown for w in wrappers):
+        decided = next(w for w in wrappers if w.cause is not Cause.unknown)
+        decided.confidence = 0.6
+    elif sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
+        decided = Finding(Cause.killed_external, None, _exit_text(exit_code, sig), "exit", 0.7,
+                          advice="Something outside the server stopped it (SIGTERM/SIGINT/SIGHUP): a scheduler, "
+                                 "a timeout or a user.")
+    elif exit_code == 124:
+        decided = Finding(Cause.hang, None, _exit_text(exit_code, sig), "exit", 0.6,
+                          advice="`timeout` ended it (status 124): it made no progress in time. Look at the last "
+                                 "phase in the log.")
+    elif scores and scores[0][1] >= 3 and (len(scores) == 1 or scores[0][1] >= 1.5 * scores[1][1]):
+        cause, s, n = scores[0]
+        total = sum(x[1] for x in scores)
+        decided = Finding(cause, n, texts[n - 1], "words", round(min(0.6, 0.3 + 0.3 * s / total), 2),
+                          source=f"cause words: score {s:g} of {total:g} over the log")
+
+    for f in [*strong, *weak, *wrappers]:
+        if f.cause is not Cause.unknown and (decided is None or f.cause is not decided.cause):
+            alts[f.cause] = max(alts.get(f.cause, 0), round(f.confidence * 0.6, 2))
+    total = sum(s for _, s, _ in scores) or 1
+    for cause, s, _ in scores[:4]:
+        if decided is None or cause is not decided.cause:
+            alts[cause] = max(alts.get(cause, 0), round(0.4 * s / total, 2))
+    return _verdict(decided, lines, texts, ranks, exit_code, sig, oom, oom_found, phase_hint, rules, wrappers,
+                    alts, extra_advice)
+
+
+def _sigkill(sig, sigkills: list[Finding], externals: list[Finding], oom: OomEvidence | None, phase_hint: str | None,
+             alts: dict[Cause, float]) -> tuple[Finding, str]:
+    """A SIGKILL with no OOM evidence: who is more likely to have sent it, and how to tell."""
+    line = sigkills[0] if sigkills else None
+    if externals:
+        f = externals[0]
+        alts[Cause.host_oom] = 0.25
+        return Finding(Cause.killed_external, f.line, f.text, "structure", 0.7, source=f.source), ""
+    if oom is not None and oom.counts_kills:
+        alts[Cause.host_oom] = 0.15
+        return Finding(Cause.killed_external, line.line if line else None, line.text if line else "SIGKILL",
+                       "structure", 0.8, source="the memory cgroup counted no OOM kill: the SIGKILL came from "
+                                                "outside"), ""
+    if line is not None:
+        # A shell or container reporting `Killed`/137 in a pasted log: on the machines users report
+        # from, the kernel's OOM killer is far more often the sender than a person.
+        alts[Cause.killed_external] = 0.4
+        return Finding(Cause.host_oom, line.line, line.text, "structure", 0.55,
+                       source="structure: a SIGKILL with no sign of who sent it; the kernel's OOM killer is the "
+                              "usual sender (not confirmed: no cgroup or kernel log came with the log)"), _HOW_TO_TELL
+    alts[Cause.host_oom] = 0.4
+    return Finding(Cause.killed_external, None, _exit_text(None, sig), "exit", 0.5,
+                   source="exit status only"), _HOW_TO_TELL
+
+
+def _verdict(d: Finding | None, lines, texts, ranks, exit_code, sig, oom, oom_found, phase_hint, rules, wrappers,
+             alts, extra_advice) -> Verdict:
     phase = _phase(phase_hint)
     detail = {"exit_code": exit_code, "signal": sig, "log_phase": phase_hint, "rule": None}
-    oom_found = oom is not None and oom.found
-    oom_ev = oom.facts() if oom is not None else []
     ev: list[Evidence] = []
-
-    if sig == 9 and oom_found:
-        # The cgroup says its OOM killer fired (or RSS sat at the limit): that decides the cause
-        # even if some other error line made it into the log first.
-        cause, advice = Cause.host_oom, _advice_for(rules, "kernel-oom-killer")
-    elif root is not None:
-        n, text, rank, rule = root
-        cause, advice = rule.cause, rule.advice
-        phase = rule.phase or phase
-        detail.update(rule=rule.id, rank=rank)
-        ev = [Evidence(kind="log", text=text.strip(), line=n, source=f"{rule.id}: {rule.source}")]
-    elif sig == 9 or (wrapper and wrapper[3].cause is Cause.killed_external):
-        cause = Cause.host_oom if oom_found else Cause.killed_external
-        advice = _advice_for(rules, "kernel-oom-killer" if oom_found else "shell-killed")
-        if wrapper is not None and wrapper[3].cause is Cause.killed_external:
-            n, text, rank, rule = wrapper  # e.g. "Worker proc ... died unexpectedly (exit code: -9)"
-            advice = advice if oom_found else (rule.advice or advice)
-            detail.update(rule=rule.id, rank=rank)
-            ev = [Evidence(kind="log", text=text.strip(), line=n, source=f"{rule.id} (wrapper)")]
-    elif sig in _NATIVE:
-        cause = Cause.native_crash
-        advice = ("The server died of a native signal with no Python error in the log. Rerun with "
-                  "CUDA_LAUNCH_BLOCKING=1 (and without CUDA graphs: --disable-cuda-graph / --enforce-eager), "
-                  "or get a backtrace with `gdb -batch -ex bt --args ...` / faulthandler.")
-    elif wrapper is not None:
-        n, text, rank, rule = wrapper
-        cause, advice = rule.cause, rule.advice
-        detail.update(rule=rule.id, rank=rank)
-    elif sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGHUP):
-        cause = Cause.killed_external
-        advice = "Something outside the server stopped it (SIGTERM/SIGINT/SIGHUP): a scheduler, a timeout or a user."
-    elif exit_code == 124:
-        cause = Cause.hang
-        advice = "`timeout` ended it (status 124): it made no progress in time. Look at the last phase in the log."
-    else:
-        cause, advice = Cause.unknown, ("No known signature in the log; the first Python exception "
-                                        "and the exit status are kept as evidence.")
-    if cause is not Cause.host_oom and not ev:
-        exc = first_exception(lines)
+    if d is None:
+        cause, advice = Cause.unknown, ("No evidence of a known cause in the log or the exit status. Looked for: "
+                                        + "; ".join(LOOKED_FOR) + ". The first error-like line is kept as evidence.")
+        detail.update(layer="none", looked_for=list(LOOKED_FOR))
+        exc = first_exception(lines, list(zip(texts, ranks)))
         if exc:
             ev.append(Evidence(kind="log", text=exc[1].strip(), line=exc[0], source="first traceback"))
-    evidence = ev + [w for w in wrappers if w not in ev] + exit_ev
-    if cause in (Cause.host_oom, Cause.killed_external) or oom_found:
-        evidence += oom_ev
-    return Verdict(cause=cause, phase=phase, evidence=evidence, advice=advice, detail=detail)
+        elif not wrappers:
+            first = next(((n, t) for n, t in enumerate(texts, 1) if re.search(r"error|fail|fatal", t, re.I)), None)
+            if first:
+                ev.append(Evidence(kind="log", text=first[1][:400], line=first[0], source="first error-like line"))
+    else:
+        cause = d.cause
+        advice = d.advice or ADVICE.get(cause, "")
+        if d.layer == "rule" and d.rule_id == "kernel-oom-killer" or cause is Cause.host_oom and not advice:
+            advice = _advice_for(rules, "kernel-oom-killer") or ADVICE[Cause.host_oom]
+        if extra_advice:
+            advice = f"{advice} {extra_advice}".strip()
+        detail.update(rule=d.rule_id, rank=d.rank, layer=d.layer, confidence=d.confidence)
+        if d.line is not None:
+            ev.append(Evidence(kind="log", text=d.text.strip()[:600], line=d.line, source=d.source or d.layer))
+        if cause is not Cause.host_oom and d.layer != "structure" or cause is Cause.unknown:
+            exc = first_exception(lines, list(zip(texts, ranks)))
+            if exc and exc[0] != d.line and cause is Cause.unknown:
+                ev.append(Evidence(kind="log", text=exc[1].strip(), line=exc[0], source="first traceback"))
+    for w in wrappers[:3]:
+        e = Evidence(kind="log", text=w.text.strip()[:300], line=w.line, source=f"{w.rule_id} (wrapper)")
+        if all(x.line != e.line for x in ev):
+            ev.append(e)
+    if exit_code is not None or sig:
+        ev.append(Evidence(kind="exit", text=_exit_text(exit_code, sig)))
+    if oom is not None and (cause in (Cause.host_oom, Cause.killed_external) or oom_found):
+        ev += oom.facts()
+    ranked = sorted(((c, p) for c, p in alts.items() if c is not cause and p > 0), key=lambda x: -x[1])[:3]
+    alternatives = [Alternative(cause=c, confidence=round(p, 2)) for c, p in ranked]
+    conf = d.confidence if d is not None else None
+    if cause is Cause.unknown and d is None:
+        conf = None
+    return Verdict(cause=cause, phase=phase, evidence=ev, advice=advice, detail=detail, confidence=conf,
+                   alternatives=alternatives)
 
 
 def _exit_text(exit_code: int | None, sig: int | None) -> str:

@@ -15,7 +15,7 @@ _COLOUR = {Cause.ok: "green", Cause.unknown: "yellow"}
 def verdict_doc(v: Verdict, **extra) -> dict:
     doc = v.model_dump(mode="json")
     return {"cause": doc["cause"], "phase": doc["phase"], "evidence": doc["evidence"], "advice": doc["advice"],
-            "detail": doc["detail"], **extra}
+            "confidence": doc["confidence"], "alternatives": doc["alternatives"], "detail": doc["detail"], **extra}
 
 
 def verdict_json(v: Verdict, mask=lambda s: s, **extra) -> str:

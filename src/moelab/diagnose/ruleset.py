@@ -26,11 +26,18 @@ the first rule that matches decides that line; so an engine file can refine a ge
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
 import yaml
+
+try:  # Python 3.11+
+    import re._parser as _sre  # type: ignore[import-not-found]
+    from re._constants import BRANCH, LITERAL, SUBPATTERN  # type: ignore[import-not-found]
+except ImportError:  # Python 3.10
+    import sre_parse as _sre  # type: ignore[no-redef]
+    from sre_constants import BRANCH, LITERAL, SUBPATTERN  # type: ignore[no-redef]
 
 from moelab.spec import Cause, Phase
 
@@ -48,6 +55,46 @@ class Rule:
     advice: str = ""
     source: str = ""
     engine: str = "generic"
+    # One literal (lower case) that every match of each top-level alternative must contain, or
+    # None when some alternative has none: a line holding none of them cannot match (a fast skip).
+    literals: tuple[str, ...] | None = field(default=None, compare=False)
+
+
+def required_literals(pattern: str, min_len: int = 3) -> tuple[str, ...] | None:
+    """For each top-level alternative of `pattern`, its longest run of plain characters that any
+    match must contain (lower-cased); None when an alternative has no such run.
+
+        >>> required_literals(r"CUDA out of memory\\. Tried|cudaMalloc(?:Async)? failed")
+        ('cuda out of memory. tried', 'cudamalloc')
+    """
+    try:
+        parsed = _sre.parse(pattern)
+    except re.error:
+        return None
+    items = list(parsed)
+    branches = [list(b) for b in items[0][1][1]] if len(items) == 1 and items[0][0] is BRANCH else [items]
+    out = []
+    for seq in branches:
+        best, run = "", ""
+        for op, av in _flatten(seq):
+            if op is LITERAL:
+                run += chr(av)
+                best = max(best, run, key=len)
+            else:
+                run = ""
+        if len(best.strip()) < min_len:
+            return None
+        out.append(best.lower())
+    return tuple(out)
+
+
+def _flatten(seq):
+    """The ops of a sequence, with plain groups (no alternation inside) opened in place."""
+    for op, av in seq:
+        if op is SUBPATTERN and not any(o is BRANCH for o, _ in av[-1]):
+            yield from _flatten(list(av[-1]))
+        else:
+            yield op, av
 
 
 class RuleError(ValueError):
@@ -83,7 +130,8 @@ def parse_rules(text: str, origin: str = "<string>") -> list[Rule]:
             raise RuleError(f"{where}: bad regex: {e}") from None
         out.append(Rule(id=raw["id"], regex=regex, cause=cause, kind=kind, phase=phase,
                         advice=" ".join(str(raw.get("advice", "")).split()),
-                        source=str(raw.get("source", "")), engine=engine))
+                        source=str(raw.get("source", "")), engine=engine,
+                        literals=required_literals(raw["pattern"])))
     return out
 
 

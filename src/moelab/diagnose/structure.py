@@ -1,0 +1,338 @@
+"""The structure of a failure log, read without knowing its wording: layer 2 of the classifier.
+
+Signature rules (layer 1) know messages. This layer knows the shapes every engine's logs share,
+so it also reads logs whose words no rule has seen:
+  - Python exceptions: the exception line ending each traceback (or standing alone in an excerpt),
+    its type, its message, and the package whose frame raised it (triton, torch.distributed,
+    safetensors, argparse ...): `OutOfResources` is a kernel resource limit whatever it says, a
+    `RuntimeError` raised inside torch/distributed is a collective failure, an `AttributeError` in an
+    engine's own code is a plain bug;
+  - native crash reports: C++ `terminate called ... what(): ...` (the what() message decides),
+    Python's faulthandler (`Fatal Python error: Segmentation fault`), backtrace frames;
+  - kills: a shell's `Killed`, container and job exit codes, Kubernetes and Slurm events, SIGTERM
+    notices, and the OOM evidence that turns a SIGKILL into host_oom;
+  - what a dead server left behind: process listings (ps, nvtop) with orphans or GPU memory held;
+  - degenerate generated text (one character or one short unit repeated, rows of `#`);
+  - no progress: throughput reports stuck at zero while requests are running.
+
+Each detector returns `Finding`s: a cause, the 1-based line, the text, and how strong it is.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from moelab.spec import Cause
+
+STRONG, WEAK = 2, 1  # a strong finding is a root error; a weak one decides only when nothing strong does
+
+
+@dataclass
+class Finding:
+    cause: Cause
+    line: int | None  # 1-based; None for facts that are not one line (exit status)
+    text: str
+    layer: str  # "rule", "structure", "words", "exit", "oom"
+    confidence: float
+    strength: int = STRONG
+    source: str = ""
+    rank: str | None = None
+    advice: str = ""
+    rule_id: str | None = None
+    kind: str = "root"  # root | wrapper | kill | oom | context
+    extra: dict = field(default_factory=dict)
+
+
+# -- Python exceptions -------------------------------------------------------------------------
+_EXC = re.compile(r"^(?:(?P<mod>[A-Za-z_][\w.]*)\.)?(?P<type>[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Failed|"
+                  r"Warning|Exceeded|Timeout))(?::\s*(?P<msg>.*)|\s*)$")
+_FRAME = re.compile(r'^File "(?P<path>[^"]+)", line \d+')
+# exception type -> cause (any message)
+TYPE_CAUSE: dict[str, Cause] = {
+    "OutOfMemoryError": Cause.gpu_oom,  # torch.OutOfMemoryError / torch.cuda.OutOfMemoryError
+    "MemoryError": Cause.host_oom,
+    "OutOfResources": Cause.kernel_resource_limit,  # triton.runtime.errors.OutOfResources
+    "CompilationError": Cause.jit_compile_error,  # triton.compiler.errors.CompilationError
+    "BackendCompilerFailed": Cause.jit_compile_error,  # torch._dynamo (inductor)
+    "InductorError": Cause.jit_compile_error,
+    "DistBackendError": Cause.collective_error,
+    "DistNetworkError": Cause.collective_error,
+    "DistStoreError": Cause.collective_error,
+    "NcclError": Cause.collective_error,
+    "ArgumentError": Cause.bad_args,
+    "ArgumentTypeError": Cause.bad_args,
+    "SafetensorError": Cause.model_load_error,
+    "HeaderTooLarge": Cause.model_load_error,
+    "GatedRepoError": Cause.model_load_error,
+    "RepositoryNotFoundError": Cause.model_load_error,
+    "EntryNotFoundError": Cause.model_load_error,
+    "LocalEntryNotFoundError": Cause.model_load_error,
+    "HFValidationError": Cause.model_load_error,
+}
+# types that, with no rule for their message, are plain software bugs: `unknown`, the error kept
+BUG_TYPES = {"AttributeError", "TypeError", "NameError", "KeyError", "IndexError", "ZeroDivisionError",
+             "UnboundLocalError", "NotImplementedError", "ImportError", "ModuleNotFoundError", "RecursionError",
+             "AssertionError", "JSONDecodeError", "UnicodeDecodeError", "StopIteration", "IsADirectoryError"}
+# the package of the frame that raised a generic exception -> cause (path fragments, first match)
+PACKAGE_CAUSE: tuple[tuple[str, Cause], ...] = (
+    ("/torch/distributed/", Cause.collective_error),
+    ("/c10d/", Cause.collective_error),
+    ("/triton/compiler/", Cause.jit_compile_error),
+    ("/triton/runtime/build", Cause.jit_compile_error),
+    ("/torch/utils/cpp_extension", Cause.jit_compile_error),
+    ("/tvm_ffi/cpp/", Cause.jit_compile_error),
+    ("/flashinfer/jit/", Cause.jit_compile_error),
+    ("/deep_gemm/jit/compiler", Cause.jit_compile_error),
+    ("/argparse.py", Cause.bad_args),
+    ("/safetensors/", Cause.model_load_error),
+    ("/huggingface_hub/", Cause.model_load_error),
+    ("/transformers/models/auto/", Cause.model_load_error),
+    ("/transformers/configuration_utils", Cause.model_load_error),
+    ("/transformers/dynamic_module_utils", Cause.model_load_error),
+    ("/gguf/", Cause.model_load_error),
+)
+# generic types whose package decides (others are taken as they come)
+GENERIC_TYPES = {"RuntimeError", "Exception", "ValueError", "OSError", "AssertionError", "CalledProcessError",
+                 "SystemExit", "TimeoutError"}
+
+
+def package_of(path: str) -> str | None:
+    """`.../site-packages/triton/compiler/compiler.py` -> `triton`; a repo checkout's first package dir."""
+    m = re.search(r"(?:site|dist)-packages/([\w.-]+?)(?:-[\d.]+[^/]*\.egg)?/", path)
+    if m:
+        return m.group(1).split("-")[0]
+    m = re.search(r"/(sglang|vllm|tensorrt_llm|lmdeploy|text_generation_server|xinference|deep_gemm|flashinfer|"
+                  r"triton|torch|transformers|ray)/", path)
+    return m.group(1) if m else None
+
+
+_RAISE = re.compile(r"^raise (\w+)\(")
+
+
+def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> list[Finding]:
+    """Every exception line that ends a traceback (or stands alone), with the frames above it.
+    `rule_cause(text)` reads a follow-on message line (pydantic's) with the signature rules."""
+    out: list[Finding] = []
+    frames: dict[str | None, list[str]] = {}
+    for n, (text, rank) in enumerate(zip(texts, ranks), 1):
+        if text.endswith("Traceback (most recent call last):"):
+            frames[rank] = []
+            continue
+        fm = _FRAME.match(text)
+        if fm:
+            frames.setdefault(rank, []).append(fm.group("path"))
+            continue
+        m = _EXC.match(text)
+        raised = _RAISE.match(text)
+        if raised and raised.group(1) in TYPE_CAUSE and (n == len(texts) or not _FRAME.match(texts[n]) and
+                                                           not _EXC.match(texts[n])):
+            # an excerpt that ends at the `raise X(...)` source line: the type still says what happened
+            cause = TYPE_CAUSE[raised.group(1)]
+            out.append(Finding(cause=cause, line=n, text=text, layer="structure", rank=rank, confidence=0.75,
+                               source=f"structure: the traceback ends raising {raised.group(1)}"))
+            continue
+        if not m or text.startswith(("warnings.warn", "raise ")):
+            continue
+        etype, msg = m.group("type"), (m.group("msg") or "").strip()
+        if etype == "ValidationError" and rule_cause is not None:
+            # pydantic: "N validation error(s) for XConfig" and the message on the next lines
+            inner = next((c for t in texts[n:n + 4] if (c := rule_cause(t.removeprefix("Value error, ")))), None)
+            cause = inner or Cause.bad_args
+            out.append(Finding(cause=cause, line=n, text=(text + " " + " ".join(texts[n:n + 2]))[:500],
+                               layer="structure", rank=rank, confidence=0.8,
+                               source="structure: a configuration validation error" +
+                                      (f" whose message says {inner.value}" if inner else "")))
+            frames.pop(rank, None)
+            continue
+        stack = frames.pop(rank, [])
+        path = next((p for p in reversed(stack) if not p.endswith(("/subprocess.py", "/threading.py"))), None)
+        cause, why = _exception_cause(etype, msg, stack)
+        if cause is None:
+            continue
+        out.append(Finding(cause=cause, line=n, text=text, layer="structure", rank=rank,
+                           confidence=0.8 if cause is not Cause.unknown else 0.6,
+                           source=f"structure: {etype}{' raised in ' + (package_of(path) or path) if path else ''}"
+                                  f" ({why})", extra={"type": etype, "message": msg, "package": package_of(path or "")}))
+    return out
+
+
+def _exception_cause(etype: str, msg: str, stack: list[str]) -> tuple[Cause | None, str]:
+    if etype in TYPE_CAUSE:
+        return TYPE_CAUSE[etype], f"{etype} means {TYPE_CAUSE[etype].value}"
+    if etype.endswith("Warning"):
+        return None, ""
+    if etype in GENERIC_TYPES or etype not in BUG_TYPES:
+        for frag, cause in PACKAGE_CAUSE:
+            if any(frag in p for p in stack[-3:]):
+                return cause, f"raised from {frag.strip('/')}"
+    if etype == "CalledProcessError" and re.search(r"\b(ninja|nvcc|gcc|g\+\+|c\+\+|clang|ptxas|ld|cmake|make)\b", msg):
+        return Cause.jit_compile_error, "a compiler or build tool failed"
+    if etype in BUG_TYPES:
+        return Cause.unknown, f"{etype}: a plain software error, no known cause"
+    return None, ""
+
+
+# -- native crash reports -----------------------------------------------------------------------
+_TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
+_WHAT = re.compile(r"^what\(\):\s*(.*)$")
+_FAULTHANDLER = re.compile(r"^Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception|"
+                           r"Illegal instruction)")
+
+
+def native_reports(texts: list[str], rule_cause) -> list[Finding]:
+    """C++ terminate (refined by its what() message through `rule_cause(text)`), faulthandler dumps."""
+    out = []
+    for n, text in enumerate(texts, 1):
+        m = _TERMINATE.search(text)
+        if m:
+            what = next((w.group(1) for t in texts[n:n + 3] if (w := _WHAT.match(t))), "")
+            inner = rule_cause(what) if what else None
+            if inner is not None and inner is not Cause.unknown:
+                out.append(Finding(cause=inner, line=n, text=f"{text} what(): {what}"[:400], layer="structure",
+                                   confidence=0.85, source=f"structure: C++ terminate, what() says {inner.value}"))
+            else:
+                out.append(Finding(cause=Cause.native_crash, line=n, text=(text + (f" what(): {what}" if what else ""))[:400],
+                                   layer="structure", confidence=0.8,
+                                   source=f"structure: an uncaught C++ exception ({m.group(1)}) aborted the process"))
+            continue
+        m = _FAULTHANDLER.match(text)
+        if m:
+            frame = next((t for t in texts[n:n + 6] if t.startswith("File ")), "")
+            out.append(Finding(cause=Cause.native_crash, line=n, text=text, layer="structure", confidence=0.85,
+                               source=f"structure: Python faulthandler ({m.group(1)})"
+                                      + (f", in {frame[:120]}" if frame else "")))
+    return out
+
+
+# -- kills and OOM evidence ------------------------------------------------------------------
+_SIGKILL = re.compile(r"(?:^|[\s\]%|])Killed(?:\s+\S.*)?$|\bexit(?:ed)? with code 137\b|\bexit(?: code|ed| status)[: ]+137\b|"
+                      r"\bsignal: killed\b|\bkilled by signal 9\b|\bSIGKILL\b|Exit Code:\s*137|code=137")
+_OOM = re.compile(r"Out of memory: Killed process|oom-kill:|\boom_kill\b|Memory cgroup out of memory|OOMKilled|"
+                  r"killed by the OOM killer|OOM killer|oom-kill event|running low on memory|ray-oom-prevention|"
+                  r"memory: usage (\d+)kB, limit \1kB")
+_EXTERNAL = re.compile(r"\bSIGTERM\b|signal 15\b|\b15 death signal|^Terminated$|^\[\d+\]\s+(?:\+\s+)?\d+ terminated\b|"
+                       r"\d+ Terminated\s|exit(?:ed)? with code 143|exit(?: code|ed| status)[: ]+143|signal: terminated|"
+                       r"[Ll]iveness probe failed|failed liveness probe|\bEvicted\b|Stopping container|"
+                       r"DUE TO (?:TIME LIMIT|PREEMPTION|NODE FAILURE)|\b[Pp]reempt(?:ed|ion)\b|CANCELLED AT|docker stop|"
+                       r"scancel|received signal=SIGTERM|Received signal 15|Received Signals\.SIGTERM")
+
+
+def kills(texts: list[str]) -> tuple[list[Finding], list[Finding], list[Finding]]:
+    """(SIGKILL lines, OOM evidence lines, external-kill lines)."""
+    k, o, e = [], [], []
+    for n, text in enumerate(texts, 1):
+        if _OOM.search(text):
+            o.append(Finding(Cause.host_oom, n, text, "structure", 0.9, kind="oom",
+                             source="structure: OOM-killer / memory-limit evidence"))
+        elif _EXTERNAL.search(text):
+            e.append(Finding(Cause.killed_external, n, text, "structure", 0.75, kind="kill",
+                             source="structure: the process was stopped from outside (a signal, an orchestrator)"))
+        elif _SIGKILL.search(text):
+            k.append(Finding(Cause.killed_external, n, text, "structure", 0.5, kind="kill",
+                             source="structure: SIGKILL (a shell's `Killed`, exit status 137)"))
+    return k, o, e
+
+
+# -- what a dead server left behind ------------------------------------------------------------
+_PS_HEADER = re.compile(r"\bPID\b.*\b(PPID|CMD|COMMAND|Command|GPU MEM|Process name|USER)\b")
+_PS_ROW_PPID1 = re.compile(r"^\S+\s+\d+\s+1\s+")  # `ps -ef`: USER PID PPID ... (PPID 1: reparented to init)
+_PID_PPID1 = re.compile(r"^\d+\s+1\s+[A-Z]\b")  # `ps -o pid,ppid,stat`: PID PPID STAT ...
+_GPU_ROW = re.compile(r"^\d+\s+\S+\s+\d+\s+(?:Compute|Graphic)\s+\S+\s+\d+MiB|"  # nvtop: PID USER DEV TYPE GPU MEM
+                      r"^\|\s+\d+\s+(?:N/A\s+N/A\s+)?\d+\s+[CG](?:\+G)?\s+\S+.*\d+MiB\s*\|$")  # nvidia-smi
+_LEFT = re.compile(r"\borphan(?:ed|s)?\b|\bzombie\b|<defunct>|left behind|still (?:running|alive|holding|using|occupying)|"
+                   r"reparented|did not (?:exit|terminate)|(?:memory|VRAM|port) (?:is )?(?:not|never) (?:released|freed)|"
+                   r"kept running|survived (?:SIGKILL|the shutdown|teardown)", re.I)
+
+
+def leftovers(texts: list[str]) -> list[Finding]:
+    out = []
+    listing = any(_PS_HEADER.search(t) for t in texts)
+    for n, text in enumerate(texts, 1):
+        if _LEFT.search(text):
+            out.append(Finding(Cause.orphan_leak, n, text, "structure", 0.7, strength=WEAK,
+                               source="structure: the log says processes or resources stayed behind"))
+        elif _PS_ROW_PPID1.match(text) or _GPU_ROW.match(text) or (listing and _PID_PPID1.match(text)):
+            out.append(Finding(Cause.orphan_leak, n, text, "structure", 0.6, strength=WEAK,
+                               source="structure: a process listing shows processes reparented to init or "
+                                      "holding GPU memory"))
+    return out[:3]
+
+
+# -- degenerate generated text ----------------------------------------------------------------
+_RUN = re.compile(r"([A-Za-z1-9!?#@$\ufffd])\1{13,}")
+_UNIT = re.compile(r"(.{2,8}?)\1{7,}")
+_WORD_REPEAT = re.compile(r"\b(\w{2,})(?:\W+\1\b){7,}", re.I)
+_ESCAPED_NL = re.compile(r"(?:\\n){8,}")
+_MIXED_SCRIPT = re.compile(r"[a-z]{3,}[\u0400-\u04ff]{2,}|[\u0400-\u04ff]{2,}[a-z]{3,}")
+_HEXDUMP = re.compile(r"0x[0-9a-fA-F]{4,}|\b[0-9a-fA-F]{16}\b|^[A-Z0-9]{2,3}: [0-9a-f]")
+_JUNK = re.compile(r"\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{6,}\b")
+_CHUNK = re.compile(r'"(?:content|text|delta)"\s*:\s*(?:\{\s*"content"\s*:\s*)?"([^"\\]{3,})"')
+_PERIODIC_HINT = re.compile(r"(.{2,8})\1\1\1")  # four in a row: a cheap pre-check
+_PLAIN_UNIT = re.compile(r"[\s=\-_*.·─━│|+~^<>]+")
+
+
+def _unit_repeat(text: str) -> str | None:
+    if len(text) < 24 or len(set(text)) > len(text) // 2:  # a long periodic run keeps the alphabet small
+        if len(text) < 24 or not _PERIODIC_HINT.search(text):
+            return None
+    for m in _UNIT.finditer(text):
+        unit = m.group(1)
+        if unit.strip() and len(m.group(0)) >= 24 and not _PLAIN_UNIT.fullmatch(unit) and not re.search(r"\d{2,}", unit):
+            return f"one unit repeated ({unit!r} x {len(m.group(0)) // len(unit)})"
+    return None
+
+
+def _junk(text: str) -> bool:
+    """Letter-digit salad (`P23D323D4`, `D3D3DDD`) in a short prose line, not a key=value or path."""
+    if len(text) > 80 or re.search(r"[=:/\[\]]|0x", text):
+        return False
+    return sum(len(re.findall(r"[A-Z]\d|\d[A-Z]", t)) >= 3 for t in _JUNK.findall(text)) >= 1
+
+
+def degenerate(texts: list[str]) -> list[Finding]:
+    out = []
+    hash_rows = junk = 0
+    chunks: list[tuple[int, str]] = []
+    for n, text in enumerate(texts, 1):
+        why = None
+        if _ESCAPED_NL.search(text):
+            why = "only newlines were generated"
+        elif (m := _RUN.search(text)) and not _HEXDUMP.search(text):
+            why = f"one character repeated ({m.group(0)[:12]}...)"
+        elif (w := _WORD_REPEAT.search(text)):
+            why = f"one word repeated ({w.group(1)!r})"
+        elif (u := _unit_repeat(text)):
+            why = u
+        elif _MIXED_SCRIPT.search(text):
+            why = "words glued across scripts (token salad)"
+        elif _junk(text):
+            junk += 1
+            why = "letter-digit salad" if junk >= 2 else None
+        if re.fullmatch(r"[#\s]*#[#\s]*", text) and text.strip():
+            hash_rows += 1
+            if hash_rows == 5:
+                why = "rows of '#' only"
+        for c in _CHUNK.findall(text):
+            chunks.append((n, c))
+        if why:
+            out.append(Finding(Cause.garbage_output, n, text[:300], "structure", 0.65, strength=WEAK,
+                               source=f"structure: degenerate generated text: {why}"))
+    same = [(n, c) for (n, c), (_, prev) in zip(chunks[1:], chunks) if c == prev and c.strip()]
+    if same and not out:
+        n, c = same[0]
+        out.append(Finding(Cause.garbage_output, n, texts[n - 1][:300], "structure", 0.55, strength=WEAK,
+                           source=f"structure: the same streamed token {c!r} again and again"))
+    return out[:3]
+
+
+# -- no progress ---------------------------------------------------------------------------
+_STUCK = re.compile(r"generation throughput: 0\.0 tokens/s, Running: ([1-9]\d*) reqs")
+
+
+def no_progress(texts: list[str]) -> list[Finding]:
+    hits = [(n, t) for n, t in enumerate(texts, 1) if _STUCK.search(t)]
+    if len(hits) < 3:
+        return []
+    n, t = hits[0]
+    return [Finding(Cause.hang, n, t, "structure", 0.75,
+                    source=f"structure: {len(hits)} throughput reports at 0.0 tokens/s with requests running")]
