@@ -6,6 +6,7 @@ conftest fixture, plus explicit checks for processes that left the session) that
 from __future__ import annotations
 
 import json
+import subprocess
 import socket
 import sys
 import time
@@ -173,3 +174,36 @@ def test_an_error_in_the_callers_code_is_not_ok_and_still_tears_down(tmp_path):
     v = srv.result.verdict
     assert v.cause is Cause.unknown and "study bug" in v.evidence[0].text
     assert v.detail["teardown"]["termed"] >= 1 and v.detail["teardown"]["port_free"]
+
+
+# -- deaths inside a live tree ---------------------------------------------------------------------
+def _launch_fake(tmp_path, mode: str, *extra: str, timeout: float = 60) -> tuple[dict, float]:
+    import json as _json
+    import time as _time
+
+    t0 = _time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "moelab.cli", "launch", "--engine", "command", "--json", "--no-probe",
+                        "--out", str(tmp_path / mode), *extra, "--", sys.executable, str(FAKE), "--mode", mode,
+                        "--port", "{port}"], capture_output=True, text=True, timeout=timeout + 60)
+    return _json.loads(r.stdout), _time.monotonic() - t0
+
+
+def test_a_worker_oom_killed_under_a_live_launcher_is_the_verdict_at_once(tmp_path):
+    doc, took = _launch_fake(tmp_path, "worker_oom", "--memory-limit", "300M", "--timeout", "120")
+    if "cgroup" not in str(doc["detail"].get("notes")):
+        pytest.skip("no memory cgroup here: the OOM kill cannot be attributed")
+    assert doc["cause"] == "host_oom", doc
+    assert any(e["kind"] == "tree" and "ended while the server process" in e["text"] for e in doc["evidence"])
+    assert took < 60, f"the verdict came {took:.0f} s after launch, not within a second of the kill"
+
+
+def test_a_worker_that_dies_with_a_root_error_while_health_answers(tmp_path):
+    doc, took = _launch_fake(tmp_path, "worker_dies", "--timeout", "120")
+    assert doc["cause"] == "collective_error", doc
+    assert doc["detail"].get("inner_death") and took < 40
+
+
+def test_a_root_error_in_a_live_servers_log_beats_the_timeout(tmp_path):
+    doc, _ = _launch_fake(tmp_path, "error_alive", "--timeout", "4")
+    assert doc["cause"] == "gpu_oom" and doc["detail"].get("while") == "startup_timeout", doc
+    assert any(e["kind"] == "timeout" for e in doc["evidence"])

@@ -11,6 +11,9 @@ Stdlib only, so it behaves like an engine process and not like moelab. Modes (--
   hang_ready  serve one completion (readiness), then every request blocks forever and logging stops
   steal       a helper child takes the port first, then this process fails to bind (Errno 98), exit 1
   grandchild  like ok, but first leave a grandchild behind in a session of its own
+  worker_oom  the launcher lives on (never ready) while its worker grows until the cgroup OOM-kills it
+  worker_dies /health answers 200, completions never do; a worker prints an NCCL error and exits 1
+  error_alive prints a CUDA OOM traceback, then stays alive logging heartbeats without a port
 --api-key KEY: every route but /health answers 401 without `Authorization: Bearer KEY` (as vLLM).
 --children N: start N worker children in the server's own process group first (a TP-like tree).
 """
@@ -122,6 +125,36 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", code], check=True)
         log("spawned a detached helper")
         serve(a.port, "ok")
+    elif a.mode == "worker_oom":
+        grow = "h=[]\nwhile True: h.append(bytearray(32 << 20))"
+        subprocess.Popen([sys.executable, "-c", grow])
+        log("Loading safetensors checkpoint shards on the worker", "TP1")
+        while True:
+            time.sleep(0.5)
+            log("launcher waiting for workers ...")
+    elif a.mode == "worker_dies":
+        code = ("import sys,time\ntime.sleep(2)\nprint('[2026-12-01 10:00:00 TP1] RuntimeError: NCCL error in: "
+                "ProcessGroupNCCL.cpp:1970, unhandled system error (run with NCCL_DEBUG=INFO for details)', flush=True)"
+                "\nsys.exit(1)")
+        subprocess.Popen([sys.executable, "-c", code])
+        Handler.mode = "hang_ready"
+        BLOCK.set()  # requests block forever: the scheduler is gone
+
+        class HealthOnly(Handler):
+            def do_GET(self):
+                self._json(200, {}) if self.path == "/health" else threading.Event().wait()
+
+        httpd = ThreadingHTTPServer(("127.0.0.1", a.port), HealthOnly)
+        httpd.daemon_threads = True
+        log(f"Uvicorn running on http://127.0.0.1:{a.port} (Press CTRL+C to quit)")
+        httpd.serve_forever()
+    elif a.mode == "error_alive":
+        log("Traceback (most recent call last):", "TP0")
+        log('  File "/sglang/srt/model_executor/model_runner.py", line 301, in init_memory_pool', "TP0")
+        log("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.50 GiB.", "TP0")
+        while True:
+            time.sleep(0.5)
+            log("waiting for the tokenizer manager ...")
     elif a.mode == "traceback":
         log("Scheduler hit an exception: Traceback (most recent call last):", "TP1")
         log("Load weight end. type=Qwen3MoeForCausalLM, avail mem=40.10 GB", "TP0")

@@ -8,8 +8,16 @@ from typing import Any
 from pydantic import BaseModel
 from rich.console import Console
 
-console = Console(stderr=False, highlight=False)
-err_console = Console(stderr=True, highlight=False)
+def _console(stderr: bool) -> Console:
+    """A terminal wraps to its width; a file or pipe gets whole lines (no hard wrap at 80 columns)
+    and tables up to 200 columns wide."""
+    stream = sys.stderr if stderr else sys.stdout
+    tty = stream.isatty()
+    return Console(stderr=stderr, highlight=False, soft_wrap=not tty, width=None if tty else 200)
+
+
+console = _console(False)
+err_console = _console(True)
 
 
 def to_jsonable(obj: Any) -> Any:

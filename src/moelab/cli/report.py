@@ -19,10 +19,11 @@ def report(
     """Report a study: recommended launch command first, then verdicts, curves and evidence."""
     from moelab.cli.output import console, emit_json, fail
     from moelab.report import markdown, write_reports
+    from moelab.store import StoreError
 
     try:
         data = write_reports(store, html=html, md=md, study_id=study_id)
-    except (FileNotFoundError, ValueError) as e:
+    except (FileNotFoundError, ValueError, StoreError) as e:
         fail(str(e))
     if json_out:
         keep = ("recommendation", "ranked", "matrix", "pareto", "causes", "slo")

@@ -74,7 +74,9 @@ def run_server(cfg, json_out: bool) -> None:
         if json_out:
             emit_json({"saved": cfg.save, "files": info["saved"], "model": info["model_config"]})
         else:
-            print(f"wrote {cfg.save} ({len(info['saved'])} safetensors file(s), config.json, tokenizer.json)")
+            shards = sum(1 for f in info["saved"] if f.endswith(".safetensors"))
+            print(f"wrote {cfg.save}: {len(info['saved'])} files ({shards} safetensors shard(s), config.json, "
+                  "tokenizer.json, tokenizer_config.json)")
         return
     from moelab.engine.server import serve as serve_http
 

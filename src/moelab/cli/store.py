@@ -21,12 +21,15 @@ def export(
 ) -> None:
     """Write every study and trial (verdicts, evidence, samples, fingerprints) as one JSON document."""
     from moelab.cli.output import console, emit_json, fail
-    from moelab.store import Store
+    from moelab.store import Store, StoreError
 
     if not store.exists():
         fail(f"no store at {store}", "give the path `moelab study --store` wrote")
-    with Store(store) as st:
-        doc = st.export(study_id)
+    try:
+        with Store(store) as st:
+            doc = st.export(study_id)
+    except StoreError as e:
+        fail(str(e))
     if out is None:
         emit_json(doc)
         return
@@ -44,19 +47,27 @@ def import_(
 ) -> None:
     """Add the studies and trials of an export; a study already in the store is skipped."""
     from moelab.cli.output import console, emit_json, fail
-    from moelab.store import Store
+    from moelab.store import Store, StoreError
 
     try:
-        doc = json.loads(file.read_text())
+        doc = json.loads(file.read_bytes().decode("utf-8"))
     except FileNotFoundError:
         fail(f"no file at {file}", "give the JSON `moelab store export` wrote")
-    except json.JSONDecodeError as e:
-        fail(f"{file} is not JSON: {e}", "give the JSON `moelab store export` wrote")
-    with Store(store) as st:
-        try:
-            added = st.import_doc(doc)
-        except (ValueError, KeyError, TypeError) as e:
-            fail(f"{file}: {e}")
+    except IsADirectoryError:
+        fail(f"{file} is a folder", "give the JSON `moelab store export` wrote")
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        hint = ("that looks like a store itself: export it first, `moelab store export " f"{file} -o export.json`"
+                if file.read_bytes()[:16].startswith(b"SQLite format 3") else "give the JSON `moelab store export` wrote")
+        fail(f"{file} is not JSON ({e}), so it is not a moelab export", hint)
+    try:
+        with Store(store) as st:
+            st.lock("moelab store import")
+            try:
+                added = st.import_doc(doc)
+            except (ValueError, KeyError, TypeError) as e:
+                fail(f"{file}: {e}")
+    except StoreError as e:
+        fail(str(e))
     emit_json(added) if json_out else console.print(
         f"imported {added['studies']} studies, {added['trials']} trials into {store}")
 
@@ -68,11 +79,15 @@ def list_(
 ) -> None:
     """The studies in a store, with their trial counts and recommendations."""
     from moelab.cli.output import console, emit_json, fail
-    from moelab.store import Store
+    from moelab.store import Store, StoreError
 
     if not store.exists():
         fail(f"no store at {store}", "give the path `moelab study --store` wrote")
-    with Store(store) as st:
+    try:
+        st = Store(store)
+    except StoreError as e:
+        fail(str(e))
+    with st:
         rows = [{"id": s["id"], "name": s["name"], "status": s["status"], "trials": len(st.trials(s["id"])),
                  "recommended": (s["recommendation"] or {}).get("label")} for s in st.studies()]
     if json_out:

@@ -200,13 +200,14 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
         ranks.append(r)
 
     # layer 1: signature rules
-    roots, wrappers, matched = [], [], set()
+    roots, wrappers, matched, ignored = [], [], set(), set()
     for n, text in enumerate(texts, 1):
         rule = m.match(text)
         if rule is None:
             continue
         matched.add(n)
         if rule.kind == "ignore":
+            ignored.add(n)
             continue
         f = Finding(cause=rule.cause, line=n, text=text, layer="rule", confidence=0.9, rank=ranks[n - 1],
                     source=f"{rule.id}: {rule.source}", advice=rule.advice, rule_id=rule.id,
@@ -234,7 +235,8 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
                               *(f for f in structure.leftovers(texts) if f.line not in matched)]
     oom_found = (oom is not None and oom.found) or bool(ooms) or any(f.cause is Cause.host_oom for f in roots)
     killed9 = sig == 9 or bool(sigkills)
-    scores = words.score(texts) if not strong or len(texts) <= 400 else []
+    heard = [t if n not in ignored else "" for n, t in enumerate(texts, 1)]  # known-harmless lines say nothing
+    scores = words.score(heard) if not strong or len(texts) <= 400 else []
 
     decided: Finding | None = None
     alts: dict[Cause, float] = {}
@@ -270,7 +272,7 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
         decided = Finding(Cause.hang, None, _exit_text(exit_code, sig), "exit", 0.6,
                           advice="`timeout` ended it (status 124): it made no progress in time. Look at the last "
                                  "phase in the log.")
-    elif scores and scores[0][1] >= 3 and (len(scores) == 1 or scores[0][1] >= 1.5 * scores[1][1]):
+    elif scores and scores[0][1] >= 2 and (len(scores) == 1 or scores[0][1] >= 1.25 * scores[1][1]):
         cause, s, n = scores[0]
         total = sum(x[1] for x in scores)
         decided = Finding(cause, n, texts[n - 1], "words", round(min(0.6, 0.3 + 0.3 * s / total), 2),
@@ -330,9 +332,8 @@ def _verdict(d: Finding | None, lines, texts, ranks, exit_code, sig, oom, oom_fo
                 ev.append(Evidence(kind="log", text=first[1][:400], line=first[0], source="first error-like line"))
     else:
         cause = d.cause
-        advice = d.advice or ADVICE.get(cause, "")
-        if d.layer == "rule" and d.rule_id == "kernel-oom-killer" or cause is Cause.host_oom and not advice:
-            advice = _advice_for(rules, "kernel-oom-killer") or ADVICE[Cause.host_oom]
+        advice = d.advice or (_advice_for(rules, "kernel-oom-killer") if cause is Cause.host_oom else "") \
+            or ADVICE.get(cause, "")
         if extra_advice:
             advice = f"{advice} {extra_advice}".strip()
         detail.update(rule=d.rule_id, rank=d.rank, layer=d.layer, confidence=d.confidence)

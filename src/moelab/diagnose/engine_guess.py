@@ -19,7 +19,7 @@ MARKS: dict[str, tuple[str, ...]] = {
              r"\((?:RayWorkerWrapper|APIServer|Worker(?:_TP\d+)?) pid=\d+\)"),
     "sglang": (r"\bsglang[./]", r"\bsgl_kernel\b", r"\[[\d\- :]+ (?:TP|DP|EP)\d+(?: \w+\d+)*\]",
                r"launch_server", r"Scheduler hit an exception"),
-    "embedded": (r"\bmoelab\.engine\b", r"^moelab serve: ", r"\bmoelab\b"),
+    "embedded": (r"\bmoelab\.engine\b", r"^moelab serve: "),
     "llama.cpp": (r"\bllama_model_load", r"\bggml_", r"\bllama-server\b", r"\bllama_init_from", r"\bGGML_ASSERT"),
     "ollama": (r"\bollama\b", r"level=(?:INFO|WARN|ERROR) source=", r"msg=\"(?:llama runner|server)"),
     "tgi": (r"text_generation_(?:launcher|router|server)", r"text-generation-(?:launcher|router)"),

@@ -36,6 +36,10 @@ def verdict_panel(v: Verdict, log_name: str = "log", footer: list[str] | None = 
         body.append(f"  {where:<16} ", style="cyan")
         text = e.text if len(e.text) <= 300 else e.text[:299] + "…"
         body.append(mask(text) + "\n")
+    if v.confidence is not None or v.alternatives:
+        conf = f"confidence {v.confidence:.2f}" if v.confidence is not None else ""
+        alts = ", ".join(f"{a.cause.value} {a.confidence:.2f}" for a in v.alternatives)
+        body.append(f"  {conf}" + (f"; second readings: {alts}" if alts else "") + "\n", style="dim")
     if v.advice:
         body.append("\nadvice: ", style="bold")
         body.append(mask(v.advice) + "\n")

@@ -206,7 +206,9 @@ def native_reports(texts: list[str], rule_cause) -> list[Finding]:
 
 # -- kills and OOM evidence ------------------------------------------------------------------
 _SIGKILL = re.compile(r"(?:^|[\s\]%|])Killed(?:\s+\S.*)?$|\bexit(?:ed)? with code 137\b|\bexit(?: code|ed| status)[: ]+137\b|"
-                      r"\bsignal: killed\b|\bkilled by signal 9\b|\bSIGKILL\b|Exit Code:\s*137|code=137")
+                      r"\bsignal: killed\b|\bkilled by signal 9\b|\bSIGKILL\b|Exit Code:\s*137|code=137|"
+                      r"^(?:zsh|bash|sh): (?:line \d+: )?(?:\d+ )?killed\b|\[\d+\]\s+(?:\+\s+)?\d+ killed\s|"
+                      r"exit ?code:? -9\b|exitcode\s*:\s*-9\b|return ?code:? -9\b|killed by signal: Killed")
 _OOM = re.compile(r"Out of memory: Killed process|oom-kill:|\boom_kill\b|Memory cgroup out of memory|OOMKilled|"
                   r"killed by the OOM killer|OOM killer|oom-kill event|running low on memory|ray-oom-prevention|"
                   r"memory: usage (\d+)kB, limit \1kB")
@@ -239,9 +241,13 @@ _PS_ROW_PPID1 = re.compile(r"^\S+\s+\d+\s+1\s+")  # `ps -ef`: USER PID PPID ... 
 _PID_PPID1 = re.compile(r"^\d+\s+1\s+[A-Z]\b")  # `ps -o pid,ppid,stat`: PID PPID STAT ...
 _GPU_ROW = re.compile(r"^\d+\s+\S+\s+\d+\s+(?:Compute|Graphic)\s+\S+\s+\d+MiB|"  # nvtop: PID USER DEV TYPE GPU MEM
                       r"^\|\s+\d+\s+(?:N/A\s+N/A\s+)?\d+\s+[CG](?:\+G)?\s+\S+.*\d+MiB\s*\|$")  # nvidia-smi
-_LEFT = re.compile(r"\borphan(?:ed|s)?\b|\bzombie\b|<defunct>|left behind|still (?:running|alive|holding|using|occupying)|"
-                   r"reparented|did not (?:exit|terminate)|(?:memory|VRAM|port) (?:is )?(?:not|never) (?:released|freed)|"
-                   r"kept running|survived (?:SIGKILL|the shutdown|teardown)", re.I)
+_LEFT = re.compile(r"\borphan(?:ed|s)?\b|\bzombie\b|<defunct>|left behind|\bdangling process|"
+                   r"still (?:running|alive|holding|using|occupying|occupied|held|in use|there)|reparented|"
+                   r"did not (?:exit|terminate)|\bnot (?:be )?(?:freed|released|cleaned up)\b|kept running|"
+                   r"remain(?:s|ing|ed)? (?:running|alive|in memory)|survived (?:SIGKILL|the shutdown|teardown)", re.I)
+# `ps aux` (USER PID %CPU %MEM VSZ RSS TTY STAT START TIME COMMAND) and `ss`/`lsof` listeners
+_PS_AUX_ROW = re.compile(r"^\S+\s+\d+\s+\d+\.\d+\s+\d+\.\d+\s+\d+\s+\d+\s+\S+\s+[RSDZTI][\w<+]*\s+\S+\s+[\d:]+\s+\S")
+_LISTENER = re.compile(r"\(LISTEN\)$|^LISTEN\s+\d+\s+\d+\s+\S+:\d+.*users:\(\(")
 
 
 def leftovers(texts: list[str]) -> list[Finding]:
@@ -251,7 +257,12 @@ def leftovers(texts: list[str]) -> list[Finding]:
         if _LEFT.search(text):
             out.append(Finding(Cause.orphan_leak, n, text, "structure", 0.7, strength=WEAK,
                                source="structure: the log says processes or resources stayed behind"))
-        elif _PS_ROW_PPID1.match(text) or _GPU_ROW.match(text) or (listing and _PID_PPID1.match(text)):
+        elif (m := _SMI_MEM.search(text)) and int(m.group(3)) == 0 and int(m.group(1)) >= int(m.group(2)) // 2:
+            out.append(Finding(Cause.orphan_leak, n, text, "structure", 0.5, strength=WEAK,
+                               source="structure: nvidia-smi shows GPU memory held at 0% utilisation (by processes "
+                                      "that no longer work)"))
+        elif _PS_ROW_PPID1.match(text) or _GPU_ROW.match(text) or (listing and _PID_PPID1.match(text)) or \
+                _PS_AUX_ROW.match(text) or _LISTENER.search(text):
             out.append(Finding(Cause.orphan_leak, n, text, "structure", 0.6, strength=WEAK,
                                source="structure: a process listing shows processes reparented to init or "
                                       "holding GPU memory"))
@@ -259,15 +270,19 @@ def leftovers(texts: list[str]) -> list[Finding]:
 
 
 # -- degenerate generated text ----------------------------------------------------------------
-_RUN = re.compile(r"([A-Za-z1-9!?#@$\ufffd])\1{13,}")
-_UNIT = re.compile(r"(.{2,8}?)\1{7,}")
+_RUN = re.compile(r"([A-Za-z1-9!?#@$%&,;:'\"`\u4e00-\u9fff\u2047])\1{13,}|(\ufffd)\2{4,}")
+_REPLACEMENT = re.compile(r"\ufffd|\\ufffd")
+# nvidia-smi's per-GPU row: memory used / total and utilisation (memory held by nothing at work)
+_SMI_MEM = re.compile(r"\|\s+(\d+)MiB\s+/\s+(\d+)MiB\s+\|\s+(\d+)%")
+_UNIT = re.compile(r"(.{2,16}?)\1{5,}")
 _WORD_REPEAT = re.compile(r"\b(\w{2,})(?:\W+\1\b){7,}", re.I)
 _ESCAPED_NL = re.compile(r"(?:\\n){8,}")
 _MIXED_SCRIPT = re.compile(r"[a-z]{3,}[\u0400-\u04ff]{2,}|[\u0400-\u04ff]{2,}[a-z]{3,}")
 _HEXDUMP = re.compile(r"0x[0-9a-fA-F]{4,}|\b[0-9a-fA-F]{16}\b|^[A-Z0-9]{2,3}: [0-9a-f]")
 _JUNK = re.compile(r"\b(?=[A-Z0-9]*\d)(?=[A-Z0-9]*[A-Z])[A-Z0-9]{6,}\b")
 _CHUNK = re.compile(r'"(?:content|text|delta)"\s*:\s*(?:\{\s*"content"\s*:\s*)?"([^"\\]{3,})"')
-_PERIODIC_HINT = re.compile(r"(.{2,8})\1\1\1")  # four in a row: a cheap pre-check
+_PERIODIC_HINT = re.compile(r"(.{2,16})\1\1\1")  # four in a row: a cheap pre-check
+_NUMERIC_UNIT = re.compile(r"[\d\s.,:;()\[\]eE+-]+")
 _PLAIN_UNIT = re.compile(r"[\s=\-_*.·─━│|+~^<>]+")
 
 
@@ -277,9 +292,38 @@ def _unit_repeat(text: str) -> str | None:
             return None
     for m in _UNIT.finditer(text):
         unit = m.group(1)
-        if unit.strip() and len(m.group(0)) >= 24 and not _PLAIN_UNIT.fullmatch(unit) and not re.search(r"\d{2,}", unit):
+        if unit.strip() and len(m.group(0)) >= 24 and not _PLAIN_UNIT.fullmatch(unit) and not re.search(r"\d{2,}", unit) \
+                and not _NUMERIC_UNIT.fullmatch(unit):
             return f"one unit repeated ({unit!r} x {len(m.group(0)) // len(unit)})"
     return None
+
+
+def _ngram_repeat(text: str) -> str | None:
+    """A phrase of 1-6 words said again and again in a row (`the cat sat the cat sat the cat sat ...`)."""
+    words = text.split()
+    if len(words) < 12:
+        return None
+    for n in range(1, 7):
+        need = 10 if n == 1 else 4
+        run = 0
+        for i in range(n, len(words)):
+            run = run + 1 if words[i] == words[i - n] else 0
+            if run >= n * (need - 1) and not _NUMERIC_UNIT.fullmatch(words[i]) and not _PLAIN_UNIT.fullmatch(words[i]):
+                return f"the phrase {' '.join(words[i - n + 1:i + 1])!r} repeated"
+    return None
+
+
+def _scripts(text: str) -> int:
+    """How many writing systems the words of a line use (Latin, Cyrillic, CJK, Arabic ...)."""
+    import unicodedata
+
+    seen = set()
+    for ch in text:
+        if ch.isalpha() and ord(ch) > 0x7F:
+            seen.add(unicodedata.name(ch, "?").split(" ")[0])
+        elif ch.isalpha():
+            seen.add("LATIN")
+    return len(seen - {"?"})
 
 
 def _junk(text: str) -> bool:
@@ -303,7 +347,9 @@ def degenerate(texts: list[str]) -> list[Finding]:
             why = f"one word repeated ({w.group(1)!r})"
         elif (u := _unit_repeat(text)):
             why = u
-        elif _MIXED_SCRIPT.search(text):
+        elif (g := _ngram_repeat(text)):
+            why = g
+        elif _MIXED_SCRIPT.search(text) or (len(text.split()) >= 6 and _scripts(text) >= 4):
             why = "words glued across scripts (token salad)"
         elif _junk(text):
             junk += 1
@@ -317,6 +363,11 @@ def degenerate(texts: list[str]) -> list[Finding]:
         if why:
             out.append(Finding(Cause.garbage_output, n, text[:300], "structure", 0.65, strength=WEAK,
                                source=f"structure: degenerate generated text: {why}"))
+    bad = [n for n, t in enumerate(texts, 1) if _REPLACEMENT.search(t)]
+    if len(bad) >= 2 and not out:
+        out.append(Finding(Cause.garbage_output, bad[0], texts[bad[0] - 1][:300], "structure", 0.6, strength=WEAK,
+                           source="structure: the output is replacement characters (U+FFFD), bytes that decode to "
+                                  "nothing"))
     same = [(n, c) for (n, c), (_, prev) in zip(chunks[1:], chunks) if c == prev and c.strip()]
     if same and not out:
         n, c = same[0]

@@ -91,7 +91,7 @@ def _own(t: torch.Tensor) -> torch.Tensor:
 
 def save_checkpoint(out: Path, cfg: ModelConfig, dense: Mapping[str, torch.Tensor], experts: list[ExpertWeights],
                     shard_bytes: int = 4 << 30) -> list[Path]:
-    """Write config.json, tokenizer.json and safetensors shards; returns the shard paths."""
+    """Write config.json, tokenizer files and safetensors shards; returns every file written."""
     from safetensors.torch import save_file
 
     out.mkdir(parents=True, exist_ok=True)
@@ -120,7 +120,10 @@ def save_checkpoint(out: Path, cfg: ModelConfig, dense: Mapping[str, torch.Tenso
         hf["quantization_config"] = quantization_config(fmt, getattr(experts[0], "block", None))
     (out / "config.json").write_text(json.dumps(hf, indent=2))
     write_tokenizer_json(out)
-    return [out / name for name in names]
+    written = [out / name for name in names] + [out / "config.json", out / "tokenizer.json", out / "tokenizer_config.json"]
+    if n > 1:
+        written.append(out / "model.safetensors.index.json")
+    return written
 
 
 class _Tensors(Mapping):

@@ -44,7 +44,9 @@ def _num(body: dict, key: str, kind: type, default, lo=None, hi=None):
     if isinstance(v, bool) or not isinstance(v, (int, float) if kind is float else int):
         raise ApiError(400, f"'{key}' must be {'a number' if kind is float else 'an integer'}, got {v!r}", key)
     if (lo is not None and v < lo) or (hi is not None and v > hi):
-        raise ApiError(400, f"'{key}' must be between {lo} and {hi}, got {v!r}", key)
+        bound = (f"between {lo} and {hi}" if lo is not None and hi is not None
+                 else f"at least {lo}" if lo is not None else f"at most {hi}")
+        raise ApiError(400, f"'{key}' must be {bound}, got {v!r}", key)
     return kind(v)
 
 

@@ -122,6 +122,14 @@ class MemoryCgroup:
         except (OSError, ValueError, TypeError):
             return {}
 
+    def oom_kills(self) -> int:
+        """OOM kills counted in this cgroup so far (microseconds to read; 0 without a cgroup)."""
+        if self.path is None:
+            return 0
+        if self.version == 1:
+            return self._kv("memory.oom_control").get("oom_kill", 0)
+        return self._kv("memory.events").get("oom_kill", 0)
+
     def oom_evidence(self, last_rss: int | None = None) -> OomEvidence:
         """What the cgroup counted; read right after death (takes microseconds)."""
         if self.path is None:

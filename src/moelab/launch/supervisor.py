@@ -12,6 +12,11 @@
 The server runs in its own session and in a per-trial memory cgroup; its output goes unbuffered,
 time-stamped, to server.log. Leaving the `with` block always tears the whole tree down, also on
 KeyboardInterrupt; `launch()` turns SIGTERM into the same path.
+
+A death anywhere in the tree counts, not only the root's: a worker OOM-killed by the cgroup, or a
+worker that dies with a root error in the log while the launcher above it lives on (and /health may
+still answer 200), is the trial's verdict within a second. And when a timeout fires on a server that
+is still alive, a root error already in its log is the cause, not the timeout.
 """
 from __future__ import annotations
 
@@ -30,6 +35,13 @@ from moelab.launch.logcapture import LogCapture
 from moelab.launch.proctree import MARKER, ProcessTree
 from moelab.launch.telemetry import Sampler, gpu_used_total
 from moelab.spec import Cause, Evidence, LaunchSpec, Phase, Verdict
+
+
+def _running(p) -> bool:
+    try:
+        return p.is_running() and p.status() != "zombie"
+    except Exception:  # psutil.NoSuchProcess, AccessDenied
+        return False
 
 
 class Supervisor:
@@ -55,6 +67,9 @@ class Supervisor:
         self.timings: dict[str, float | None] = {}
         self.proc = self.log = self.tree = self.sampler = self.cgroup = self.guardian = None
         self._ready = False
+        self._gone: set[int] = set()  # tree processes seen to end while the root lived
+        self._started: dict[int, float] = {}  # when each tree process was first seen
+        self._next_tree_check = 0.0
         self._pool = cf.ThreadPoolExecutor(2, thread_name_prefix="moelab-http")
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -138,7 +153,7 @@ class Supervisor:
             try:
                 return fut.result(timeout=0.1)
             except cf.TimeoutError:
-                if self.proc.poll() is not None or time.monotonic() > deadline:
+                if self.proc.poll() is not None or time.monotonic() > deadline or self._tree_death() is not None:
                     return None  # the thread finishes on its own (its own socket timeout)
                 self._progress()
 
@@ -150,13 +165,17 @@ class Supervisor:
         while True:
             if self.proc.poll() is not None:
                 return self._died()
+            inner = self._tree_death()
+            if inner is not None:
+                return inner
             if self.log.port_error_at and time.monotonic() - self.log.port_error_at > 1.5:
                 return self._fail(classify(self.log.snapshot(), engine=self.adapter.name, phase_hint="launch"))
             if time.monotonic() > deadline:
                 last = (len(self.log.lines), self.log.lines[-1]) if self.log.lines else None
-                return self._fail(verdicts.startup_timeout(self.spec.timeout_s, self.log.phase, self.log.phase_line,
-                                                           last, self.sampler.stalled_for, port_seen, notes,
-                                                           self.stall_after_s))
+                timeout = verdicts.startup_timeout(self.spec.timeout_s, self.log.phase, self.log.phase_line,
+                                                   last, self.sampler.stalled_for, port_seen, notes,
+                                                   self.stall_after_s)
+                return self._fail(self._log_cause(timeout) or timeout)
             self._progress()
             if not readiness.port_open(host, self.port, 0.2):
                 time.sleep(0.1)
@@ -222,6 +241,9 @@ class Supervisor:
             return None
         if self.proc.poll() is not None:
             return self._died()
+        inner = self._tree_death()
+        if inner is not None:
+            return inner
         notes = []
         key = self.spec.api_key
         for fn, args in ((readiness.health, (self.url, self.adapter.health_path(), self.hang_timeout_s, key)),
@@ -239,8 +261,69 @@ class Supervisor:
             if self.proc.poll() is not None:
                 return self._died()
             time.sleep(0.1)
+        if self.verdict is not None:  # a tree death found while the checks waited
+            return self.verdict
         last = (len(self.log.lines), self.log.lines[-1]) if self.log.lines else None
-        return self._fail(verdicts.hang(self.phase, notes, self.sampler.stalled_for, last))
+        hang = verdicts.hang(self.phase, notes, self.sampler.stalled_for, last)
+        return self._fail(self._log_cause(hang) or hang)
+
+    # -- deaths inside the tree -------------------------------------------------------------
+    def _tree_death(self, every_s: float = 0.25) -> Verdict | None:
+        """The verdict when a process of the tree died while the root lives: an OOM kill the cgroup
+        counted, a kill or segfault the kernel logged for it, or its own root error in the log."""
+        if self.verdict is not None:
+            return self.verdict
+        now = time.monotonic()
+        if self.tree is None or now < self._next_tree_check:
+            return None
+        self._next_tree_check = now + every_s
+        ooms = self.cgroup.oom_kills() if self.cgroup is not None else 0
+        for pid in self.tree.known:
+            self._started.setdefault(pid, now)
+        vanished = [p for pid, p in self.tree.known.items()
+                    if pid != self.tree.root_pid and pid not in self._gone and not _running(p)]
+        if not vanished and not ooms:
+            return None
+        self._gone.update(p.pid for p in vanished)
+        gone = {p.pid: " ".join(self.tree.first_seen.get(p.pid, f"pid {p.pid}").split()) for p in vanished}
+        oom = self.cgroup.oom_evidence(self.sampler.last_rss or None)
+        killed, segv = kernellog.lines_for(set(self.tree.known)) if (vanished or ooms) else ([], [])
+        oom.kernel_lines = killed
+        v = None
+        if ooms or killed:
+            v = classify(self.log.snapshot(), signal=9, engine=self.adapter.name, oom=oom,
+                         phase_hint=(self.phase if self._ready else Phase.launch).value)
+            v.evidence = [e for e in v.evidence if e.kind != "exit"]  # the root did not exit: a worker was killed
+        elif segv:
+            v = classify(self.log.snapshot(), exit_code=-11, engine=self.adapter.name,
+                         phase_hint=(self.phase if self._ready else Phase.launch).value)
+        elif any(now - self._started.get(p.pid, now) >= 1.5 for p in vanished):
+            # a worker (not a short-lived helper) ended: did it leave a root error in the log just now?
+            v = self._log_cause(None)
+            if v is not None and not any(e.kind == "log" and (e.line or 0) > len(self.log.lines) - 300
+                                         for e in v.evidence):
+                v = None
+        if v is None:
+            return None  # a helper process that ended normally (a compiler, a tokenizer job)
+        what = ", ".join(gone.values()) or "a process of the tree (the cgroup counted an OOM kill)"
+        v.evidence.insert(0, Evidence(kind="tree", text=f"{what} ended while the server process "
+                                                        f"(pid {self.tree.root_pid}) was still running"))
+        v.evidence.extend(Evidence(kind="kernel_log", text=ln, source="dmesg") for ln in segv[:2])
+        v.detail.update(inner_death=True, log_phase=self.log.phase,
+                        died_after_s=round(now - self.t0, 3))
+        return self._fail(v)
+
+    def _log_cause(self, fallback: Verdict | None) -> Verdict | None:
+        """A root error already in the log of a live server: the cause, with `fallback` (a timeout,
+        a hang) kept as evidence. None when the log names no cause."""
+        v = classify(self.log.snapshot(), engine=self.adapter.name,
+                     phase_hint=(self.phase if self._ready else Phase.launch).value)
+        if v.cause in (Cause.unknown, Cause.killed_external) or v.detail.get("layer") not in ("rule", "structure"):
+            return None
+        if fallback is not None:
+            v.evidence += [Evidence(kind=e.kind, text=e.text, line=e.line, source=e.source) for e in fallback.evidence[:2]]
+            v.detail["while"] = fallback.cause.value
+        return v
 
     # -- verdicts ---------------------------------------------------------------------------
     def _fail(self, v: Verdict) -> Verdict:

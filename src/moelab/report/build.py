@@ -71,6 +71,10 @@ def curves(trials: list[dict], categorical: set[str] = frozenset()) -> list[dict
 
 def build(store, study_id: int | None = None) -> dict:
     s = store.study(study_id)
+    if s is None and study_id is not None and store.studies():
+        ids = ", ".join(str(x["id"]) for x in store.studies())
+        raise ValueError(f"{store.path} has no study {study_id}; its studies are {ids} (`moelab store list "
+                         f"{store.path}` shows them)")
     if s is None:
         raise ValueError(f"{store.path} holds no study yet: run `moelab study FILE --store {store.path}` first")
     trials = store.trials(s["id"])

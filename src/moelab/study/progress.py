@@ -36,15 +36,15 @@ class Progress:
         kind = e["event"]
         if kind == "start":
             self.cur = {**e, "t": time.monotonic()}
-            self._status(escape(f"trial {e['id']} [{e['stage']}] {e['label']}: launching"))
+            self._status(escape(f"trial {e['id']} [{e['stage']}] {clip(e['label'], 70)}: launching"))
         elif kind == "progress":
             if self.cur.get("id") == e.get("id"):
                 phase = e.get("phase") or "launch"
                 rss = e.get("rss_bytes")
                 mem = f", {rss / 2**20:.0f} MiB" if rss else ""
-                self._status(escape(f"trial {e['id']} [{self.cur['stage']}] {self.cur['label']}: {phase} "
+                self._status(escape(f"trial {e['id']} [{self.cur['stage']}] {clip(self.cur['label'], 70)}: {phase} "
                                     f"{time.monotonic() - self.cur['t']:.0f}s{mem}"))
-        else:
+        elif kind != "again":  # a trial this run already printed, asked for again: not a new line
             self._line(kind, e["trial"])
 
     def _status(self, text: str) -> None:
@@ -62,7 +62,16 @@ class Progress:
         why = ""
         if cause != "ok":
             ev = (t.get("verdict") or {}).get("evidence") or []
-            why = f"  [dim]{escape(ev[0]['text'][:90])}[/]" if ev else ""
+            why = f"  [dim]{escape(clip(ev[0]['text'], 110))}[/]" if ev else ""
         note = f" [dim]({ICON[kind]})[/]" if ICON.get(kind) else ""
-        self.console.print(f"{t['id']:>3} {t['stage']:<9} {escape(t['label'][:64]):<64} [{colour}]{cause}[/]{tps}{note}{why}",
+        self.console.print(f"{t['id']:>3} {t['stage']:<9} {escape(t['label']):<64} [{colour}]{cause}[/]{tps}{note}{why}",
                            markup=True, highlight=False, soft_wrap=True)
+
+
+def clip(text: str, n: int) -> str:
+    """At most n characters, cut at a word boundary with an ellipsis (never mid-word)."""
+    text = " ".join(text.split())
+    if len(text) <= n:
+        return text
+    cut = text[:n - 1].rsplit(" ", 1)[0]
+    return (cut if len(cut) > n // 2 else text[:n - 1]) + "…"

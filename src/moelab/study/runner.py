@@ -71,6 +71,7 @@ class StudyRunner:
         self.seq = 0
         self.launched = 0
         self.rules: list[Blame] = []
+        self.begun: set[int] = set()  # trials started (or stored) by this run
         self.reference: Path | None = None
 
     # -- one candidate ----------------------------------------------------------------------
@@ -89,7 +90,8 @@ class StudyRunner:
         self.seq += 1
         done = self.store.done_trial(self.study_id, cand.stage, key, cand.rep)
         if done is not None:
-            self.on_event({"event": "resumed", "trial": done})
+            # asked again in this run (a sampler repeating a point): reused quietly; from an earlier run: resumed
+            self.on_event({"event": "again" if done["id"] in self.begun else "resumed", "trial": done})
             self._learn(done)
             return done
         if time.monotonic() - self.t0 > self.study.budget.time_s or self.launched >= self.study.budget.trials:
@@ -101,6 +103,7 @@ class StudyRunner:
         if pre is not None:
             return pre(row)
         tid = self.store.begin_trial(self.study_id, **row)
+        self.begun.add(tid)
         self.on_event({"event": "start", "id": tid, "label": cand.label, "stage": cand.stage, "rep": cand.rep})
         self.launched += 1
         from moelab.study.trial import run_trial
@@ -142,6 +145,7 @@ class StudyRunner:
 
         def store(row: dict) -> dict:
             tid = self.store.begin_trial(self.study_id, **row)
+            self.begun.add(tid)
             if reused is not None:
                 rv = Verdict.model_validate(reused["verdict"])
                 rv.evidence.insert(0, Evidence(kind="store", source=f"trial {reused['id']}",

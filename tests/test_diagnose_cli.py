@@ -1,0 +1,48 @@
+"""`moelab diagnose` as a command (tier 2): standard input, several files, a folder with a summary,
+the engine guessed from the log, and clean refusals of an empty log or an empty folder."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+LOGS = Path(__file__).parent / "logs"
+
+
+def moelab(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "moelab.cli", "diagnose", *args], capture_output=True, text=True,
+                          timeout=60, input=stdin)
+
+
+def test_standard_input_and_the_guessed_engine():
+    r = moelab("-", "--json", stdin=(LOGS / "vllm-0.32.0-cpu-moe-backend-triton.log").read_text())
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["log"] == "<stdin>" and doc["engine"] == "vllm" and doc["engine_guessed"]
+    assert doc["cause"] == "unsupported_arch" and "alternatives" in doc and doc["confidence"] >= 0.8
+
+
+def test_a_folder_gets_one_verdict_each_and_a_summary(tmp_path):
+    for name in ("sglang-4330-not-enough-memory.log", "vllm-0.32.0-bad-dtype.log", "sglang-28019-smem-sm121.log"):
+        shutil.copy(LOGS / name, tmp_path / name)
+    (tmp_path / "empty.log").write_text("")
+    r = moelab(str(tmp_path), "--json")
+    doc = json.loads(r.stdout)
+    by = {Path(x["log"]).name: x["cause"] for x in doc["logs"]}
+    assert by == {"empty.log": None, "sglang-28019-smem-sm121.log": "kernel_resource_limit",
+                  "sglang-4330-not-enough-memory.log": "gpu_oom", "vllm-0.32.0-bad-dtype.log": "bad_args"}
+    assert doc["summary"] == {"logs": 4, "empty": 1, "causes": {"kernel_resource_limit": 1, "gpu_oom": 1,
+                                                                  "bad_args": 1}}
+    table = moelab(str(tmp_path / "sglang-4330-not-enough-memory.log"), str(tmp_path / "vllm-0.32.0-bad-dtype.log"))
+    assert table.returncode == 1 and "2 logs: " in table.stdout and "second reading" in table.stdout
+
+
+def test_empty_inputs_are_refused_with_what_to_do(tmp_path):
+    (tmp_path / "e.log").write_text("\n\n")
+    for arg in (str(tmp_path / "e.log"), str(tmp_path / "nothing-here")):
+        r = moelab(arg)
+        assert r.returncode == 2 and "Traceback" not in r.stderr and "hint:" in r.stderr
+    (tmp_path / "d").mkdir()
+    r = moelab(str(tmp_path / "d"), "--json")
+    assert r.returncode == 2 and "no files" in json.loads(r.stdout)["error"]
