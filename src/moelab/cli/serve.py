@@ -36,6 +36,11 @@ def serve(
     max_queued_requests: int = typer.Option(256, "--max-queued-requests", help="Waiting requests beyond which new ones get 503."),
     disable_cuda_graph: bool = typer.Option(False, "--disable-cuda-graph", help="Run decode steps eagerly instead of replaying CUDA graphs (CUDA only)."),
     cuda_graph_max_bs: Optional[int] = typer.Option(None, "--cuda-graph-max-bs", help="Largest decode batch captured in a CUDA graph (default: --max-running-requests)."),
+    tp_size: Optional[int] = typer.Option(None, "--tp-size", "--tp", "--tensor-parallel-size", help="Ranks (processes; one GPU each on CUDA): attention heads split over them, experts too (default: --ep-size, else 1)."),
+    ep_size: int = typer.Option(1, "--ep-size", "--ep", "--expert-parallel-size", help="Expert groups among the ranks: each holds whole experts instead of a slice of every expert; divides --tp-size."),
+    dist_timeout: float = typer.Option(60.0, "--dist-timeout", help="Seconds a collective may wait for the other ranks before it fails (multi-rank)."),
+    nccl_port: Optional[int] = typer.Option(None, "--nccl-port", help="Port of rank 0's rendezvous store (default: a free one)."),
+    disable_custom_all_reduce: bool = typer.Option(False, "--disable-custom-all-reduce", help="Accepted for SGLang parity; the embedded engine has no custom all-reduce."),
     seed: int = typer.Option(0, "--seed", help="Seed of the preset weights and of requests without their own seed."),
     save: Optional[str] = typer.Option(None, "--save", help="Write the model as a Hugging Face style directory here and exit (no serving)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout (startup summary when ready, or what --save wrote)."),
@@ -49,7 +54,8 @@ def serve(
                            device=device, max_running_requests=max_running_requests, max_total_tokens=max_total_tokens,
                            max_queued_requests=max_queued_requests, seed=seed, save=save,
                            disable_cuda_graph=disable_cuda_graph, cuda_graph_max_bs=cuda_graph_max_bs,
-                           backends=tuple(RUNNERS.names()))
+                           tp_size=tp_size, ep_size=ep_size, dist_timeout=dist_timeout, nccl_port=nccl_port,
+                           disable_custom_all_reduce=disable_custom_all_reduce, backends=tuple(RUNNERS.names()))
     except ConfigError as e:
         raise _die(str(e), 2) from None
     run_server(cfg, json_out)

@@ -1,0 +1,105 @@
+"""torch.distributed for the ranks of one launch: rendezvous, groups, and bounded waits.
+
+Rank 0 holds a TCPStore; every rank connects to it when it starts. Startup work whose length
+differs between ranks (imports, loading, kernel compilation) is synchronised through the store
+(`store_barrier`), which has no collective timeout to trip over; only then are the process groups
+made (`Collectives`), with `--dist-timeout` on every collective, so that a rank that stops
+answering fails the others' next collective within that time instead of never. A peer that
+dies closes its sockets, and gloo fails the pending collective at once.
+
+Backends: gloo on CPU; on CUDA, NCCL for the all-reduces and a gloo group beside it for rank
+0's commands (small CPU tensors, as SGLang keeps a CPU group for its broadcasts).
+"""
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from moelab.engine.parallel import plan as P
+
+
+class CollectiveError(RuntimeError):
+    """A collective that failed or timed out on this rank; `op` names it, `timed_out` says which."""
+
+    def __init__(self, op: str, rank: int, cause: BaseException) -> None:
+        self.op, self.rank, self.cause = op, rank, cause
+        self.text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
+        self.timed_out = "timed out" in self.text.lower() or "timeout" in self.text.lower()
+        super().__init__(f"{op} on rank {rank}: {self.text}")
+
+
+def backend_for(device: str) -> str:
+    """The collective backend for a device: NCCL on CUDA, gloo elsewhere."""
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def rank_device(device: str, rank: int, ranks: int) -> str:
+    """Rank r of a multi-rank CUDA launch runs on GPU r (of those CUDA_VISIBLE_DEVICES shows)."""
+    return f"cuda:{rank}" if device == "cuda" and ranks > 1 else device
+
+
+def open_store(host: str, port: int, ranks: int, leader: bool, timeout_s: float) -> dist.TCPStore:
+    """The launch's TCPStore; the leader's binds `port` (0: any free port, read back from `.port`)."""
+    return dist.TCPStore(host, port, ranks, is_master=leader, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+def store_barrier(store: dist.TCPStore, name: str, ranks: int, poll_s: float = 0.01) -> None:
+    """Wait until every rank has arrived at `name`. No timeout of its own: a rank that dies is
+    seen by rank 0's watchdog, and rank 0's death ends the others (see ranks.py)."""
+    key = f"barrier/{name}"
+    store.add(key, 1)
+    while store.add(key, 0) < ranks:
+        time.sleep(poll_s)
+
+
+class Collectives:
+    """This rank's process groups, made once every rank has loaded (all ranks call it together)."""
+
+    def __init__(self, rank: int, ranks: int, store: dist.TCPStore, device: str, timeout_s: float) -> None:
+        self.rank, self.ranks, self.timeout_s = rank, ranks, timeout_s
+        self.backend = backend_for(device)
+        timeout = timedelta(seconds=timeout_s)
+        if self.backend == "nccl":
+            torch.cuda.set_device(torch.device(device))
+        dist.init_process_group(self.backend, store=dist.PrefixStore("moelab", store), rank=rank,
+                                world_size=ranks, timeout=timeout)
+        self.control = dist.new_group(backend="gloo", timeout=timeout) if self.backend != "gloo" else None
+        self._header = torch.zeros(P.HEADER, dtype=torch.long)
+
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """Sum `t` over the ranks, in place; returns it."""
+        try:
+            dist.all_reduce(t)
+        except RuntimeError as e:
+            raise CollectiveError("all_reduce", self.rank, e) from e
+        return t
+
+    def send(self, cmd: P.Command) -> None:
+        """Rank 0: broadcast a command to every rank."""
+        header, payload = P.encode(cmd)
+        try:
+            dist.broadcast(header, 0, group=self.control)
+            if payload.numel():
+                dist.broadcast(payload, 0, group=self.control)
+        except RuntimeError as e:
+            raise CollectiveError("broadcast", self.rank, e) from e
+
+    def receive(self) -> P.Command:
+        """Every other rank: the next command from rank 0."""
+        try:
+            dist.broadcast(self._header, 0, group=self.control)
+            n = P.payload_size(self._header)
+            payload = torch.empty(n, dtype=torch.long)
+            if n:
+                dist.broadcast(payload, 0, group=self.control)
+        except RuntimeError as e:
+            raise CollectiveError("broadcast", self.rank, e) from e
+        return P.decode(self._header, payload)
+
+    def close(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()
