@@ -197,3 +197,23 @@ def test_rank_lines_carry_sglang_prefixes_that_the_classifier_strips():
 def test_exit_descriptions():
     assert describe_exit(-9) == "was killed by signal 9 (SIGKILL)"
     assert describe_exit(1) == "exited with status 1"
+
+
+@pytest.mark.parametrize("tp,ep", [(1, 1), (2, 1), (2, 2), (4, 2)])
+def test_the_memory_forecast_is_what_each_rank_holds(tp, ep):
+    from moelab.engine.memory import rank_forecast
+
+    par = Parallelism(tp, ep)
+    fc = rank_forecast(ServerConfig(preset="tiny", tp_size=tp, ep_size=ep), TINY, "float32", "bf16")
+    for rank in range(tp):
+        m = _model(par, rank)
+        qkv = sum(t.nbytes for t in m.qkv)  # the fused q/k/v, whose HF names are views of it
+        dense = sum(t.nbytes for k, t in m.dense.items() if not k.endswith(("q_proj.weight", "k_proj.weight",
+                                                                             "v_proj.weight"))) + qkv
+        assert fc.weight_bytes_per_gpu == dense + sum(w.nbytes() for w in m.experts)
+        kv = m.new_kv_cache(1)
+        assert fc.kv_bytes_per_token_per_gpu == sum(k.nbytes + v.nbytes for k, v in kv)
+    if tp == 2:
+        one = rank_forecast(ServerConfig(preset="tiny"), TINY, "float32", "bf16")
+        assert fc.kv_bytes_per_token_per_gpu == one.kv_bytes_per_token_per_gpu // 2
+        assert one.weight_bytes_per_gpu / 2 < fc.weight_bytes_per_gpu < one.weight_bytes_per_gpu

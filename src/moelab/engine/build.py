@@ -23,6 +23,7 @@ import torch
 from moelab.engine.checkpoint import load_checkpoint, random_weights, read_config, save_checkpoint
 from moelab.engine.config import PRESETS, ConfigError, ModelConfig, Resolved, ServerConfig, resolve
 from moelab.engine.graphs import default_sizes
+from moelab.engine.memory import rank_forecast
 from moelab.engine.model import Qwen3Moe
 from moelab.engine.parallel import faults
 from moelab.engine.parallel import plan as P
@@ -169,14 +170,20 @@ def _build(cfg: ServerConfig, mc: ModelConfig, res: Resolved, link, t0: float) -
     model = Qwen3Moe(mc, dense, experts, RUNNERS.create(res.backend), par, rank)
     capacity = cfg.max_total_tokens or cfg.max_running_requests * mc.max_position_embeddings
     engine = Engine(model, tok, Scheduler(cfg.max_running_requests, capacity, cfg.max_queued_requests), cfg.seed)
+    kv_held = sum(k.nbytes + v.nbytes for k, v in engine.kv)
+    fc = rank_forecast(cfg, mc, res.dtype, res.weight_format)
+    info["memory"] = {"weight_bytes_this_rank": held, "kv_bytes_this_rank": kv_held,
+                      "forecast_weight_bytes_per_rank": fc.weight_bytes_per_gpu,
+                      "forecast_kv_bytes_per_token_per_rank": fc.kv_bytes_per_token_per_gpu}
     if link is not None:
         phase("config", f"rank {rank} holds query heads {_span(par.heads(rank, mc.num_attention_heads))}, KV heads "
               f"{_span(par.kv_heads(rank, mc.num_key_value_heads))}, experts {_span(par.experts(rank, mc.num_experts))}"
-              f", intermediate {_span(par.intermediate(rank, mc.moe_intermediate_size))}: "
-              f"weights {held / 2**20:.2f} MiB on this rank")
+              f", intermediate {_span(par.intermediate(rank, mc.moe_intermediate_size))}: weights "
+              f"{held / 2**20:.2f} MiB, KV cache {kv_held / 2**20:.2f} MiB on this rank (forecast "
+              f"{fc.weight_bytes_per_gpu / 2**20:.2f} MiB, {fc.kv_bytes_per_token_per_gpu} B/token)")
         link.join(model, device)
         info["parallel"] = {"tp": par.tp, "ep": par.ep, "backend": link.groups.backend,
-                            "dist_timeout_s": cfg.dist_timeout, "weight_bytes_rank0": held}
+                            "dist_timeout_s": cfg.dist_timeout}
         if rank > 0:
             return engine, info
         engine.ranks = link
