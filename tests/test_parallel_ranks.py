@@ -145,3 +145,47 @@ def test_a_split_the_model_cannot_take_is_bad_args_before_any_rank_starts(tmp_pa
     assert r.verdict.cause is Cause.bad_args, r.verdict
     assert "--tp-size" in r.verdict.evidence[0].text and "do not split over 3" in r.verdict.evidence[0].text
     assert "TP1]" not in (tmp_path / "b" / "server.log").read_text()
+
+
+def _gpus() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+@pytest.mark.gpu
+def test_nccl_ranks_give_one_gpus_greedy_text(tmp_path):
+    """Two ranks on two GPUs over NCCL (float32, the grouped runner): the text of one GPU."""
+    if _gpus() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    texts = {}
+    for name, extra in (("tp1", ()), ("tp2", ("--tp-size", "2")), ("ep2", ("--tp-size", "2", "--ep-size", "2"))):
+        srv = Serve("--preset", "tiny", "--device", "cuda", "--dtype", "float32", "--moe-runner-backend", "grouped",
+                    *extra, log=tmp_path / f"{name}.log")
+        try:
+            texts[name] = _greedy(srv)
+        finally:
+            assert srv.stop() == 0
+        if extra:
+            assert "collectives nccl" in srv.log.read_text()
+    assert texts["tp2"] == texts["tp1"] and texts["ep2"] == texts["tp1"], texts
+
+
+@pytest.mark.gpu
+def test_nccl_all_reduce_replayed_from_cuda_graphs_matches_eager(tmp_path):
+    """--tp-size 2 with the triton runner: decode steps replayed from CUDA graphs that hold NCCL
+    all-reduces give the text of the same launch with --disable-cuda-graph."""
+    if _gpus() < 2:
+        pytest.skip("needs two CUDA GPUs")
+    common = ("--preset", "tiny", "--device", "cuda", "--dtype", "bfloat16", "--moe-runner-backend", "triton",
+              "--tp-size", "2")
+    texts = {}
+    for name, extra in (("graphs", ()), ("eager", ("--disable-cuda-graph",))):
+        srv = Serve(*common, *extra, log=tmp_path / f"{name}.log")
+        try:
+            texts[name] = _greedy(srv)
+            if not extra:
+                assert srv.get("/stats")["graph_steps"] > 0
+        finally:
+            assert srv.stop() == 0
+    assert texts["graphs"] == texts["eager"]

@@ -217,3 +217,22 @@ def test_the_memory_forecast_is_what_each_rank_holds(tp, ep):
         one = rank_forecast(ServerConfig(preset="tiny"), TINY, "float32", "bf16")
         assert fc.kv_bytes_per_token_per_gpu == one.kv_bytes_per_token_per_gpu // 2
         assert one.weight_bytes_per_gpu / 2 < fc.weight_bytes_per_gpu < one.weight_bytes_per_gpu
+
+
+def test_backends_and_devices_of_ranks():
+    from moelab.engine.parallel.group import backend_for, rank_device
+
+    assert backend_for("cpu") == "gloo" and backend_for("cuda:1") == "nccl"
+    assert rank_device("cuda", 1, 2) == "cuda:1" and rank_device("cuda", 0, 1) == "cuda"
+    assert rank_device("cpu", 1, 2) == "cpu"
+
+
+def test_more_ranks_than_gpus_is_refused_before_any_rank_starts(monkeypatch):
+    from moelab.engine.config import resolve
+
+    # a machine with one GPU, as torch reports it (the check itself is moelab's)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match="2 ranks need 2 GPUs") as e:
+        resolve(ServerConfig(preset="tiny", tp_size=2, device="cuda"))
+    assert e.value.flag == "--tp-size"
