@@ -11,7 +11,7 @@ gloo on CPU, NCCL on CUDA) and also prints each concurrency's tokens/s against -
 the same run. The last line of output is one JSON document with every figure.
 
     python bench/engine_throughput.py                                    # tiny preset on CPU
-    python bench/engine_throughput.py --tp 1,2                           # the cost of two ranks here
+    python bench/engine_throughput.py --tp 1,2 --torch-all-reduce        # the cost of two ranks here
     python bench/engine_throughput.py --preset small --device cuda --backend grouped
     python bench/engine_throughput.py --preset small --device cuda --backend triton --tp 1,2,4,8 --hf off
 """
@@ -212,24 +212,24 @@ def print_levels(rows: list[dict]) -> None:
               f"{r['ms_per_decode_step']:>14.3f} {r['graph_steps']:>6}/{r['decode_steps']}")
 
 
-def compare_tp(runs: dict, tps: list[int], ep: int) -> list[dict]:
-    """Each concurrency at every --tp-size against the first one in the list (measured in the same run)."""
-    base_tp = tps[0]
-    print(f"tensor parallelism against --tp-size {base_tp} (same run{f', --ep-size {ep}' if ep > 1 else ''}); "
-          f"greedy: texts equal to --tp-size {base_tp}'s")
-    print(f"{'concurrency':>14} " + " ".join(f"{f'tp={t} tok/s':>12} {'ratio':>6} {'ms/step':>8}" for t in tps)
+def compare_tp(runs: dict, labels: list[str], ep: int) -> list[dict]:
+    """Each concurrency of every variant against the first one (measured in the same run)."""
+    base = labels[0]
+    print(f"ranks against {base} (same run{f', --ep-size {ep}' if ep > 1 else ''}; torch: "
+          f"--disable-custom-all-reduce); greedy: texts equal to {base}'s")
+    print(f"{'concurrency':>14} " + " ".join(f"{label + ' tok/s':>18} {'ratio':>6} {'ms/step':>8}" for label in labels)
           + f" {'greedy':>8}")
     out = []
-    for i, r0 in enumerate(runs[base_tp][0]):
+    for i, r0 in enumerate(runs[base][0]):
         cells, row = [], {"concurrency": r0["concurrency"]}
-        for t in tps:
-            r = runs[t][0][i]
+        for label in labels:
+            r = runs[label][0][i]
             ratio = r["tokens_per_s"] / r0["tokens_per_s"]
-            cells.append(f"{r['tokens_per_s']:>12.1f} {ratio:>5.2f}x {r['ms_per_decode_step']:>8.3f}")
-            row[f"tp{t}"] = {"tokens_per_s": r["tokens_per_s"], "ratio": round(ratio, 3),
-                             "ms_per_decode_step": r["ms_per_decode_step"],
-                             "same_text": sum(x == y for x, y in zip(r["outputs"], r0["outputs"]))}
-        same = min(row[f"tp{t}"]["same_text"] for t in tps)
+            cells.append(f"{r['tokens_per_s']:>18.1f} {ratio:>5.2f}x {r['ms_per_decode_step']:>8.3f}")
+            row[label] = {"tokens_per_s": r["tokens_per_s"], "ratio": round(ratio, 3),
+                          "ms_per_decode_step": r["ms_per_decode_step"],
+                          "same_text": sum(x == y for x, y in zip(r["outputs"], r0["outputs"]))}
+        same = min(row[label]["same_text"] for label in labels)
         print(f"{r0['concurrency']!s:>14} " + " ".join(cells) + f" {same:>4}/{r0['requests']}")
         out.append(row)
     return out
@@ -260,6 +260,8 @@ def run(work: Path) -> None:
                     help="serve the preset from a directory written by moelab's checkpoint writer (implied by --hf)")
     ap.add_argument("--tp", default="1", help="comma list of --tp-size values, each served in turn (default 1)")
     ap.add_argument("--ep-size", type=int, default=1, help="--ep-size for the runs with more than one rank")
+    ap.add_argument("--torch-all-reduce", action="store_true",
+                    help="also serve each --tp above 1 with --disable-custom-all-reduce (torch.distributed's all-reduce)")
     ap.add_argument("--timeout", type=float, default=600)
     a = ap.parse_args()
     tps = [int(t) for t in a.tp.split(",")]
@@ -284,16 +286,19 @@ def run(work: Path) -> None:
     if cal:
         print(f"calibration on {cal['device']}: copy {cal['copy_bw_bytes_s'] / 1e12:.2f} TB/s, "
               f"bf16 matmul {cal['bf16_flops_s'] / 1e12:.0f} TFLOP/s", flush=True)
+    variants = [(f"tp={t}", [] if t == 1 else ["--tp-size", str(t), "--ep-size", str(a.ep_size)]) for t in tps]
+    if a.torch_all_reduce:
+        variants += [(f"tp={t} torch", ["--tp-size", str(t), "--ep-size", str(a.ep_size), "--disable-custom-all-reduce"])
+                     for t in tps if t > 1]
     runs = {}
-    for tp in tps:
-        extra = [] if tp == 1 else ["--tp-size", str(tp), "--ep-size", str(a.ep_size)]
-        runs[tp] = measure(serve_args + extra, work / f"server-tp{tp}.log", texts, levels, a)
-        rows, startup = runs[tp]
+    for label, extra in variants:
+        runs[label] = measure(serve_args + extra, work / f"server-{label.replace(' ', '-')}.log", texts, levels, a)
+        rows, startup = runs[label]
         print(f"moelab serve --preset {a.preset} --device {a.device} --moe-runner-backend {a.backend} "
               f"--quantization {a.quantization}{' ' + ' '.join(extra) if extra else ''}: {a.requests} requests x "
               f"{a.max_tokens} tokens, prompt {a.prompt_len} tokens (startup {startup:.1f}s)")
         print_levels(rows)
-    rows, startup = runs[tps[0]]
+    rows, startup = runs[variants[0][0]]
     base = rows[0]
     if cal:
         context = a.prompt_len + a.max_tokens / 2  # mean keys per decode token
@@ -309,8 +314,8 @@ def run(work: Path) -> None:
               "startup_s": round(startup, 1),
               "levels": [{k: v for k, v in r.items() if k not in ("outputs", "model_config")} for r in rows],
               "calibration": cal}
-    if len(tps) > 1:
-        result["tp"] = compare_tp(runs, tps, a.ep_size)
+    if len(variants) > 1:
+        result["tp"] = compare_tp(runs, [v[0] for v in variants], a.ep_size)
     if hf:
         h = hf_generate(work / "ckpt", texts, a.max_tokens, a.hf_batch, a.device)
         ours = next((r for r in rows if r["concurrency"] == a.hf_batch), rows[-1])

@@ -1,6 +1,7 @@
 """`moelab serve --tp-size 2` for real on CPU: two rank processes over gloo (tiers 2 and 3).
 
-Greedy text at --tp-size 2 and at --ep-size 2 equals one rank's in float32; a clean SIGTERM ends
+Greedy text at --tp-size 2 (moelab's socket all-reduce, and gloo's) and at --ep-size 2 equals one
+rank's in float32; a clean SIGTERM ends
 every rank with status 0. Under `moelab launch`, a rank that dies (SIGKILLed while loading,
 raising in warm-up, OOM-killed under --memory-limit) or hangs makes rank 0 end the launch within
 seconds, the verdict names the first cause (or `collective_error` when the collective itself
@@ -38,7 +39,8 @@ def _greedy(srv: Serve) -> list[str]:
 
 def test_greedy_text_at_tp2_and_ep2_equals_one_rank(tmp_path):
     texts, logs = {}, {}
-    for name, extra in (("tp1", ()), ("tp2", ("--tp-size", "2")), ("ep2", ("--tp", "2", "--ep-size", "2"))):
+    for name, extra in (("tp1", ()), ("tp2", ("--tp-size", "2")), ("ep2", ("--tp", "2", "--ep-size", "2")),
+                        ("tp2-gloo", ("--tp-size", "2", "--disable-custom-all-reduce"))):
         srv = Serve("--preset", "tiny", "--dtype", "float32", *extra, log=tmp_path / f"{name}.log")
         try:
             texts[name] = _greedy(srv)
@@ -47,13 +49,14 @@ def test_greedy_text_at_tp2_and_ep2_equals_one_rank(tmp_path):
             assert srv.stop() == 0  # SIGTERM: rank 0 sends STOP, every rank exits 0
         assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
         logs[name] = srv.log.read_text()
-    assert texts["tp2"] == texts["tp1"] and texts["ep2"] == texts["tp1"], texts
+    assert texts["tp2"] == texts["tp1"] and texts["ep2"] == texts["tp1"] and texts["tp2-gloo"] == texts["tp1"], texts
     assert len(set(texts["tp1"][:4])) > 1  # different prompts, different answers: a real comparison
     for name in ("tp2", "ep2"):  # both ranks logged, each line with SGLang's prefix
         lines = logs[name].splitlines()
         assert any("TP1] moelab.engine phase=start" in ln for ln in lines)
         assert all(ln.startswith("[20") for ln in lines if "moelab.engine" in ln)
     assert "experts 4-7, intermediate 0-31" in logs["ep2"] and "experts 0-7, intermediate 16-31" in logs["tp2"]
+    assert "all-reduce: moelab's custom" in logs["tp2"] and "all-reduce: torch.distributed (gloo)" in logs["tp2-gloo"]
 
 
 def _spec(*extra: str, fault: str | None = None, **kw) -> LaunchSpec:
@@ -110,10 +113,11 @@ def test_a_rank_raising_in_warmup_is_named_not_the_collective_it_broke(tmp_path)
     _ended_by_rank0(v)
 
 
-def test_a_hung_rank_fails_the_others_collective_within_dist_timeout(tmp_path):
+@pytest.mark.parametrize("all_reduce", [(), ("--disable-custom-all-reduce",)], ids=["custom", "gloo"])
+def test_a_hung_rank_fails_the_others_collective_within_dist_timeout(tmp_path, all_reduce):
     t0 = time.monotonic()
-    r = launch(_spec("--dist-timeout", "3", fault="rank=1 phase=warmup action=hang"), tmp_path / "h", probe=False,
-               grace_s=2.0)
+    r = launch(_spec("--dist-timeout", "3", *all_reduce, fault="rank=1 phase=warmup action=hang"), tmp_path / "h",
+               probe=False, grace_s=2.0)
     v = r.verdict
     assert v.cause is Cause.collective_error, v
     assert "timed out after 3 s (--dist-timeout)" in v.evidence[0].text

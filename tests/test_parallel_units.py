@@ -236,3 +236,61 @@ def test_more_ranks_than_gpus_is_refused_before_any_rank_starts(monkeypatch):
     with pytest.raises(ConfigError, match="2 ranks need 2 GPUs") as e:
         resolve(ServerConfig(preset="tiny", tp_size=2, device="cuda"))
     assert e.value.flag == "--tp-size"
+
+
+def _stars(ranks: int, timeout_s: float = 5.0):
+    """Every rank's Star of one launch, made in threads of this process over a real store and sockets."""
+    import threading
+
+    from moelab.engine.parallel.group import open_store
+    from moelab.engine.parallel.star import Star
+
+    lead = open_store("127.0.0.1", 0, ranks, True, timeout_s)
+    stores = [lead] + [open_store("127.0.0.1", lead.port, ranks, False, timeout_s) for _ in range(ranks - 1)]
+    stars: dict[int, object] = {}
+    threads = [threading.Thread(target=lambda r=r: stars.__setitem__(r, Star(r, ranks, stores[r], timeout_s)))
+               for r in range(ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return [stars[r] for r in range(ranks)]
+
+
+def test_the_socket_all_reduce_gives_every_rank_the_same_sum_in_rank_order():
+    import threading
+
+    stars = _stars(3)
+    parts = [torch.full((2, 3), v, dtype=torch.float32) for v in (1.0, 2.0, 4.0)]
+    parts[1][0, 0] = 1e-8  # rank order matters in float32: (1 + 1e-8) + 4 is not 1 + (1e-8 + 4) bit for bit
+    want = parts[0] + parts[1] + parts[2]
+    threads = [threading.Thread(target=s.all_reduce, args=(t,)) for s, t in zip(stars, parts)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for t in parts:
+        assert torch.equal(t, want)
+    header = torch.arange(P.HEADER, dtype=torch.long)  # a command from rank 0 arrives whole
+    stars[0].send(header)
+    got = torch.zeros(P.HEADER, dtype=torch.long)
+    stars[2].recv_into(got)
+    assert torch.equal(got, header)
+    for s in stars:
+        s.close()
+
+
+def test_the_socket_all_reduce_fails_at_once_on_a_dead_peer_and_in_time_on_a_silent_one():
+    import time
+
+    from moelab.engine.parallel.star import PeerGone
+
+    stars = _stars(2, timeout_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError):  # rank 1 is alive and never sends
+        stars[0].all_reduce(torch.zeros(4))
+    assert time.monotonic() - t0 < 3
+    stars[1].close()  # rank 1's process ended
+    with pytest.raises(PeerGone):
+        stars[0].all_reduce(torch.zeros(4))
+    stars[0].close()

@@ -40,7 +40,7 @@ def serve(
     ep_size: int = typer.Option(1, "--ep-size", "--ep", "--expert-parallel-size", help="Expert groups among the ranks: each holds whole experts instead of a slice of every expert; divides --tp-size."),
     dist_timeout: float = typer.Option(60.0, "--dist-timeout", help="Seconds a collective may wait for the other ranks before it fails (multi-rank)."),
     nccl_port: Optional[int] = typer.Option(None, "--nccl-port", help="Port of rank 0's rendezvous store (default: a free one)."),
-    disable_custom_all_reduce: bool = typer.Option(False, "--disable-custom-all-reduce", help="Accepted for SGLang parity; the embedded engine has no custom all-reduce."),
+    disable_custom_all_reduce: bool = typer.Option(False, "--disable-custom-all-reduce", help="All-reduce through torch.distributed (gloo) instead of moelab's socket all-reduce between CPU ranks; on CUDA it is NCCL either way."),
     seed: int = typer.Option(0, "--seed", help="Seed of the preset weights and of requests without their own seed."),
     save: Optional[str] = typer.Option(None, "--save", help="Write the model as a Hugging Face style directory here and exit (no serving)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout (startup summary when ready, or what --save wrote)."),

@@ -136,9 +136,6 @@ def _build(cfg: ServerConfig, mc: ModelConfig, res: Resolved, link, t0: float) -
     if par.ranks > 1:
         phase("config", f"parallel: {par.describe()}; rank {rank} of {par.ranks} on {device}, collectives "
               f"{backend_for(device)} with --dist-timeout {cfg.dist_timeout:g}s")
-        if cfg.disable_custom_all_reduce and rank == 0:
-            phase("config", "note: --disable-custom-all-reduce: the embedded engine has no custom all-reduce; "
-                  "every all-reduce is torch.distributed's either way")
     if cfg.host not in ("127.0.0.1", "localhost", "::1"):
         phase("config", f"note: --host {cfg.host} serves beyond this machine's loopback; the API has no key")
     torch.manual_seed(cfg.seed)
@@ -182,8 +179,10 @@ def _build(cfg: ServerConfig, mc: ModelConfig, res: Resolved, link, t0: float) -
               f"{held / 2**20:.2f} MiB, KV cache {kv_held / 2**20:.2f} MiB on this rank (forecast "
               f"{fc.weight_bytes_per_gpu / 2**20:.2f} MiB, {fc.kv_bytes_per_token_per_gpu} B/token)")
         link.join(model, device)
+        if rank == 0:
+            phase("config", f"all-reduce: {link.groups.all_reduce_name}")
         info["parallel"] = {"tp": par.tp, "ep": par.ep, "backend": link.groups.backend,
-                            "dist_timeout_s": cfg.dist_timeout}
+                            "all_reduce": link.groups.all_reduce_name, "dist_timeout_s": cfg.dist_timeout}
         if rank > 0:
             return engine, info
         engine.ranks = link

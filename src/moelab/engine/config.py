@@ -142,7 +142,7 @@ class ServerConfig:
     ep_size: int = 1  # expert groups among the ranks (whole experts per group)
     dist_timeout: float = 60.0  # seconds any collective may wait before it fails
     nccl_port: int | None = None  # rank 0's rendezvous port (default: a free one)
-    disable_custom_all_reduce: bool = False  # accepted: every all-reduce here is torch.distributed's
+    disable_custom_all_reduce: bool = False  # CPU ranks: gloo's all-reduce instead of moelab's (parallel/star.py)
     backends: tuple[str, ...] = field(default=("reference", "grouped"), compare=False)
 
     def __post_init__(self) -> None:

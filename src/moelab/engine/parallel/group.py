@@ -7,8 +7,10 @@ made (`Collectives`), with `--dist-timeout` on every collective, so that a rank 
 answering fails the others' next collective within that time instead of never. A peer that
 dies closes its sockets, and gloo fails the pending collective at once.
 
-Backends: gloo on CPU; on CUDA, NCCL for the all-reduces and a gloo group beside it for rank
-0's commands (small CPU tensors, as SGLang keeps a CPU group for its broadcasts).
+Backends: the process group is gloo on CPU and NCCL on CUDA. Rank 0's commands go down its own
+sockets to each rank (star.py), as SGLang keeps a CPU channel beside NCCL for its broadcasts. The
+all-reduces of CPU ranks go the same way by default (moelab's custom all-reduce, one round trip);
+`--disable-custom-all-reduce` sends them through gloo instead; on CUDA they are NCCL's.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from moelab.engine.parallel import plan as P
+from moelab.engine.parallel.star import Star
 
 
 class CollectiveError(RuntimeError):
@@ -27,7 +30,7 @@ class CollectiveError(RuntimeError):
     def __init__(self, op: str, rank: int, cause: BaseException) -> None:
         self.op, self.rank, self.cause = op, rank, cause
         self.text = str(cause).strip().splitlines()[0] if str(cause).strip() else type(cause).__name__
-        self.timed_out = "timed out" in self.text.lower() or "timeout" in self.text.lower()
+        self.timed_out = isinstance(cause, TimeoutError) or "timed out" in self.text.lower()
         super().__init__(f"{op} on rank {rank}: {self.text}")
 
 
@@ -59,47 +62,50 @@ def store_barrier(store: dist.TCPStore, name: str, ranks: int, poll_s: float = 0
 class Collectives:
     """This rank's process groups, made once every rank has loaded (all ranks call it together)."""
 
-    def __init__(self, rank: int, ranks: int, store: dist.TCPStore, device: str, timeout_s: float) -> None:
+    def __init__(self, rank: int, ranks: int, store: dist.TCPStore, device: str, timeout_s: float,
+                 custom_all_reduce: bool = True) -> None:
         self.rank, self.ranks, self.timeout_s = rank, ranks, timeout_s
         self.backend = backend_for(device)
-        timeout = timedelta(seconds=timeout_s)
+        self.custom = custom_all_reduce and self.backend == "gloo"  # CUDA tensors go through NCCL
         if self.backend == "nccl":
             torch.cuda.set_device(torch.device(device))
         dist.init_process_group(self.backend, store=dist.PrefixStore("moelab", store), rank=rank,
-                                world_size=ranks, timeout=timeout)
-        self.control = dist.new_group(backend="gloo", timeout=timeout) if self.backend != "gloo" else None
+                                world_size=ranks, timeout=timedelta(seconds=timeout_s))
+        self.star = Star(rank, ranks, store, timeout_s)
         self._header = torch.zeros(P.HEADER, dtype=torch.long)
+
+    @property
+    def all_reduce_name(self) -> str:
+        return "moelab's custom all-reduce (sockets to rank 0)" if self.custom else f"torch.distributed ({self.backend})"
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """Sum `t` over the ranks, in place; returns it."""
         try:
+            if self.custom:
+                return self.star.all_reduce(t)
             dist.all_reduce(t)
-        except RuntimeError as e:
+        except (RuntimeError, OSError) as e:
             raise CollectiveError("all_reduce", self.rank, e) from e
         return t
 
     def send(self, cmd: P.Command) -> None:
-        """Rank 0: broadcast a command to every rank."""
-        header, payload = P.encode(cmd)
+        """Rank 0: a command to every rank."""
         try:
-            dist.broadcast(header, 0, group=self.control)
-            if payload.numel():
-                dist.broadcast(payload, 0, group=self.control)
-        except RuntimeError as e:
-            raise CollectiveError("broadcast", self.rank, e) from e
+            self.star.send(*P.encode(cmd))
+        except OSError as e:
+            raise CollectiveError("command", self.rank, e) from e
 
     def receive(self) -> P.Command:
         """Every other rank: the next command from rank 0."""
         try:
-            dist.broadcast(self._header, 0, group=self.control)
-            n = P.payload_size(self._header)
-            payload = torch.empty(n, dtype=torch.long)
-            if n:
-                dist.broadcast(payload, 0, group=self.control)
-        except RuntimeError as e:
-            raise CollectiveError("broadcast", self.rank, e) from e
+            self.star.recv_into(self._header)
+            payload = torch.empty(P.payload_size(self._header), dtype=torch.long)
+            self.star.recv_into(payload)
+        except OSError as e:
+            raise CollectiveError("command", self.rank, e) from e
         return P.decode(self._header, payload)
 
     def close(self) -> None:
+        self.star.close()
         if dist.is_initialized():
             dist.destroy_process_group()

@@ -1,4 +1,4 @@
-"""One command from rank 0 to the other ranks, as two int64 tensors a broadcast can carry.
+"""One command from rank 0 to the other ranks, as two int64 tensors (header, payload).
 
 Rank 0 schedules; every other rank runs the same forward on its part of the weights, so it must
 see the same step. A step is sent as the scheduler's decision in plain numbers: each admitted

@@ -63,7 +63,8 @@ class RankLink:
         """Wait for every rank to finish loading, then make the process groups; the model's
         all-reduces go through them from now on."""
         store_barrier(self.store, "loaded", self.ranks)
-        self.groups = Collectives(self.rank, self.ranks, self.store, device, self.cfg.dist_timeout)
+        self.groups = Collectives(self.rank, self.ranks, self.store, device, self.cfg.dist_timeout,
+                                  custom_all_reduce=not self.cfg.disable_custom_all_reduce)
         model.comm = self.groups
 
     def barrier(self, name: str) -> None:
