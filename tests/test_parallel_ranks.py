@@ -193,3 +193,16 @@ def test_nccl_all_reduce_replayed_from_cuda_graphs_matches_eager(tmp_path):
         finally:
             assert srv.stop() == 0
     assert texts["graphs"] == texts["eager"]
+
+
+def test_a_refused_split_with_json_is_one_json_document(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "moelab.cli", "serve", "--preset", "tiny", "--tp-size", "2",
+                        "--ep-size", "3", "--json"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    doc = json.loads(p.stdout)
+    assert doc["exit_code"] == 2 and "--ep-size" in doc["error"] and "must divide --tp-size 2" in doc["error"]
+    assert "Traceback" not in p.stderr and p.stderr.count("\n") == 1

@@ -2,6 +2,7 @@
 
 Flag checks that fail print one argparse-style line, `moelab serve: error: argument --flag: ...`,
 and exit 2 before anything heavy happens; a model that cannot be loaded exits 1 with one line.
+With --json the same refusal is also one JSON document on stdout, `{"error": ..., "exit_code": 2}`.
 torch and the engine are imported inside the command, so `moelab --help` stays light.
 """
 from __future__ import annotations
@@ -15,8 +16,12 @@ from moelab.cli.app import app
 from moelab.moe import RUNNERS  # names only; backends import torch when created
 
 
-def _die(msg: str, code: int) -> "typer.Exit":
+def _die(msg: str, code: int, json_out: bool = False) -> "typer.Exit":
     print(f"moelab serve: error: {msg}", file=sys.stderr, flush=True)
+    if json_out:
+        from moelab.cli.output import emit_json
+
+        emit_json({"error": f"moelab serve: error: {msg}", "exit_code": code})
     return typer.Exit(code)
 
 
@@ -57,7 +62,7 @@ def serve(
                            tp_size=tp_size, ep_size=ep_size, dist_timeout=dist_timeout, nccl_port=nccl_port,
                            disable_custom_all_reduce=disable_custom_all_reduce, backends=tuple(RUNNERS.names()))
     except ConfigError as e:
-        raise _die(str(e), 2) from None
+        raise _die(str(e), 2, json_out) from None
     run_server(cfg, json_out)
 
 
@@ -72,9 +77,9 @@ def run_server(cfg, json_out: bool) -> None:
     try:
         engine, info = build_engine(cfg)
     except ConfigError as e:
-        raise _die(str(e), 2) from None
+        raise _die(str(e), 2, json_out) from None
     except ModelLoadError as e:
-        raise _die(f"cannot load the model: {e}", 1) from None
+        raise _die(f"cannot load the model: {e}", 1, json_out) from None
     if cfg.save:
         if json_out:
             emit_json({"saved": cfg.save, "files": info["saved"], "model": info["model_config"]})
@@ -89,4 +94,4 @@ def run_server(cfg, json_out: bool) -> None:
         asyncio.run(serve_http(engine, cfg.model_name, info, cfg.host, cfg.port, on_ready=ready))
     except OSError as e:  # bind failures: port in use, address not available
         engine.stop()
-        raise _die(f"cannot listen on {cfg.host}:{cfg.port}: {e}", 1) from None
+        raise _die(f"cannot listen on {cfg.host}:{cfg.port}: {e}", 1, json_out) from None

@@ -52,8 +52,8 @@ class Parallelism:
         if experts % self.ep:
             out.append(f"the model's {experts} experts do not split over {self.ep} expert groups")
         if intermediate % (self.moe_tp * granule):
-            out.append(f"the experts' intermediate size {intermediate} does not split into {self.moe_tp} "
-                       f"slices of a multiple of {granule}")
+            out.append(f"the experts' intermediate size {intermediate} does not split into {self.moe_tp} equal slices"
+                       + (f" of a multiple of {granule} (the weight format's scale groups)" if granule > 1 else ""))
         return out
 
     def heads(self, rank: int, heads: int) -> range:

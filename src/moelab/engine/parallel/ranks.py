@@ -87,7 +87,7 @@ class Leader(RankLink):
             self.procs.append(subprocess.Popen(
                 [sys.executable, "-m", "moelab.engine.parallel.worker", "--rank", str(r), "--store",
                  f"127.0.0.1:{store.port}", "--parent", str(os.getpid()), "--config", conf],
-                stdin=subprocess.DEVNULL))
+                stdin=subprocess.DEVNULL, stdout=sys.__stderr__.fileno()))  # stdout may carry --json
         threading.Thread(target=self._watch, name="moelab-ranks", daemon=True).start()
 
     @property
