@@ -6,10 +6,14 @@ Starts `moelab serve` as a subprocess (real HTTP on 127.0.0.1), sends the same N
 a time and then at each concurrency, and prints tokens/s and the ratio to one-at-a-time. With
 `--preset small --device cuda` it first writes the preset with moelab's checkpoint writer, serves
 that directory, and then runs Hugging Face transformers `generate()` (batch --hf-batch) on the
-same directory as the baseline. The last line of output is one JSON document with every figure.
+same directory as the baseline. With `--tp 1,2` it serves once per rank count (`--tp-size N`:
+gloo on CPU, NCCL on CUDA) and also prints each concurrency's tokens/s against --tp 1 measured in
+the same run. The last line of output is one JSON document with every figure.
 
     python bench/engine_throughput.py                                    # tiny preset on CPU
+    python bench/engine_throughput.py --tp 1,2 --torch-all-reduce        # the cost of two ranks here
     python bench/engine_throughput.py --preset small --device cuda --backend grouped
+    python bench/engine_throughput.py --preset small --device cuda --backend triton --tp 1,2,4,8 --hf off
 """
 from __future__ import annotations
 
@@ -181,6 +185,56 @@ def agreement(a: list[str], b: list[str]) -> dict:
             "mean_common_prefix_chars": round(sum(pre) / max(len(pre), 1), 1)}
 
 
+def measure(serve_args: list[str], log: Path, texts: list[str], levels: list[int], a) -> tuple[list[dict], float]:
+    """One server: warm-up, one-at-a-time, then each concurrency; rows with ratios and text agreement."""
+    t0 = time.perf_counter()
+    srv = Server(serve_args, log, a.timeout)
+    startup = time.perf_counter() - t0
+    try:
+        asyncio.run(run_level(srv.url, texts[:4], a.max_tokens, 4))  # warm-up, not counted
+        base = asyncio.run(run_level(srv.url, texts, a.max_tokens, 1))
+        base["concurrency"] = "one-at-a-time"
+        rows = [base] + [asyncio.run(run_level(srv.url, texts, a.max_tokens, c)) for c in levels]
+    finally:
+        srv.stop()
+    for r in rows:
+        r["ratio_vs_one_at_a_time"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2)
+        r["same_text_as_one_at_a_time"] = sum(x == y for x, y in zip(r["outputs"], base["outputs"]))
+    return rows, startup
+
+
+def print_levels(rows: list[dict]) -> None:
+    print(f"{'concurrency':>14} {'tok/s':>9} {'ratio':>6} {'mean batch':>10} {'greedy = 1-at-a-time':>21} "
+          f"{'ms/decode step':>14} {'graph steps':>11}")
+    for r in rows:
+        print(f"{r['concurrency']!s:>14} {r['tokens_per_s']:>9.1f} {r['ratio_vs_one_at_a_time']:>5.2f}x "
+              f"{r['mean_batch']:>10.2f} {r['same_text_as_one_at_a_time']:>13}/{r['requests']} "
+              f"{r['ms_per_decode_step']:>14.3f} {r['graph_steps']:>6}/{r['decode_steps']}")
+
+
+def compare_tp(runs: dict, labels: list[str], ep: int) -> list[dict]:
+    """Each concurrency of every variant against the first one (measured in the same run)."""
+    base = labels[0]
+    print(f"ranks against {base} (same run{f', --ep-size {ep}' if ep > 1 else ''}; torch: "
+          f"--disable-custom-all-reduce); greedy: texts equal to {base}'s")
+    print(f"{'concurrency':>14} " + " ".join(f"{label + ' tok/s':>18} {'ratio':>6} {'ms/step':>8}" for label in labels)
+          + f" {'greedy':>8}")
+    out = []
+    for i, r0 in enumerate(runs[base][0]):
+        cells, row = [], {"concurrency": r0["concurrency"]}
+        for label in labels:
+            r = runs[label][0][i]
+            ratio = r["tokens_per_s"] / r0["tokens_per_s"]
+            cells.append(f"{r['tokens_per_s']:>18.1f} {ratio:>5.2f}x {r['ms_per_decode_step']:>8.3f}")
+            row[label] = {"tokens_per_s": r["tokens_per_s"], "ratio": round(ratio, 3),
+                          "ms_per_decode_step": r["ms_per_decode_step"],
+                          "same_text": sum(x == y for x, y in zip(r["outputs"], r0["outputs"]))}
+        same = min(row[label]["same_text"] for label in labels)
+        print(f"{r0['concurrency']!s:>14} " + " ".join(cells) + f" {same:>4}/{r0['requests']}")
+        out.append(row)
+    return out
+
+
 def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="moelab-bench-"))
     try:
@@ -204,8 +258,13 @@ def run(work: Path) -> None:
                     help="transformers generate() baseline (auto: on with --device cuda)")
     ap.add_argument("--via-checkpoint", action="store_true",
                     help="serve the preset from a directory written by moelab's checkpoint writer (implied by --hf)")
+    ap.add_argument("--tp", default="1", help="comma list of --tp-size values, each served in turn (default 1)")
+    ap.add_argument("--ep-size", type=int, default=1, help="--ep-size for the runs with more than one rank")
+    ap.add_argument("--torch-all-reduce", action="store_true",
+                    help="also serve each --tp above 1 with --disable-custom-all-reduce (torch.distributed's all-reduce)")
     ap.add_argument("--timeout", type=float, default=600)
     a = ap.parse_args()
+    tps = [int(t) for t in a.tp.split(",")]
     a.requests = a.requests or (32 if a.device == "cuda" else 64)
     levels = [int(c) for c in (a.concurrency or ("1,4,16,32" if a.device == "cuda" else "1,4,16")).split(",")]
     texts = prompts(a.requests, a.prompt_len)
@@ -227,28 +286,20 @@ def run(work: Path) -> None:
     if cal:
         print(f"calibration on {cal['device']}: copy {cal['copy_bw_bytes_s'] / 1e12:.2f} TB/s, "
               f"bf16 matmul {cal['bf16_flops_s'] / 1e12:.0f} TFLOP/s", flush=True)
-    t0 = time.perf_counter()
-    srv = Server(serve_args, work / "server.log", a.timeout)
-    startup = time.perf_counter() - t0
-    try:
-        asyncio.run(run_level(srv.url, texts[:4], a.max_tokens, 4))  # warm-up, not counted
-        base = asyncio.run(run_level(srv.url, texts, a.max_tokens, 1))
-        base["concurrency"] = "one-at-a-time"
-        rows = [base] + [asyncio.run(run_level(srv.url, texts, a.max_tokens, c)) for c in levels]
-    finally:
-        srv.stop()
-    for r in rows:
-        r["ratio_vs_one_at_a_time"] = round(r["tokens_per_s"] / base["tokens_per_s"], 2)
-        r["same_text_as_one_at_a_time"] = sum(x == y for x, y in zip(r["outputs"], base["outputs"]))
-    print(f"moelab serve --preset {a.preset} --device {a.device} --moe-runner-backend {a.backend} "
-          f"--quantization {a.quantization}: {a.requests} requests x {a.max_tokens} tokens, prompt {a.prompt_len} "
-          f"tokens (startup {startup:.1f}s)")
-    print(f"{'concurrency':>14} {'tok/s':>9} {'ratio':>6} {'mean batch':>10} {'greedy = 1-at-a-time':>21} "
-          f"{'ms/decode step':>14} {'graph steps':>11}")
-    for r in rows:
-        print(f"{r['concurrency']!s:>14} {r['tokens_per_s']:>9.1f} {r['ratio_vs_one_at_a_time']:>5.2f}x "
-              f"{r['mean_batch']:>10.2f} {r['same_text_as_one_at_a_time']:>13}/{r['requests']} "
-              f"{r['ms_per_decode_step']:>14.3f} {r['graph_steps']:>6}/{r['decode_steps']}")
+    variants = [(f"tp={t}", [] if t == 1 else ["--tp-size", str(t), "--ep-size", str(a.ep_size)]) for t in tps]
+    if a.torch_all_reduce:
+        variants += [(f"tp={t} torch", ["--tp-size", str(t), "--ep-size", str(a.ep_size), "--disable-custom-all-reduce"])
+                     for t in tps if t > 1]
+    runs = {}
+    for label, extra in variants:
+        runs[label] = measure(serve_args + extra, work / f"server-{label.replace(' ', '-')}.log", texts, levels, a)
+        rows, startup = runs[label]
+        print(f"moelab serve --preset {a.preset} --device {a.device} --moe-runner-backend {a.backend} "
+              f"--quantization {a.quantization}{' ' + ' '.join(extra) if extra else ''}: {a.requests} requests x "
+              f"{a.max_tokens} tokens, prompt {a.prompt_len} tokens (startup {startup:.1f}s)")
+        print_levels(rows)
+    rows, startup = runs[variants[0][0]]
+    base = rows[0]
     if cal:
         context = a.prompt_len + a.max_tokens / 2  # mean keys per decode token
         print(f"decode-step roofline (weights + experts touched + KV at {context:.0f} keys, at the measured "
@@ -263,6 +314,8 @@ def run(work: Path) -> None:
               "startup_s": round(startup, 1),
               "levels": [{k: v for k, v in r.items() if k not in ("outputs", "model_config")} for r in rows],
               "calibration": cal}
+    if len(variants) > 1:
+        result["tp"] = compare_tp(runs, [v[0] for v in variants], a.ep_size)
     if hf:
         h = hf_generate(work / "ckpt", texts, a.max_tokens, a.hf_batch, a.device)
         ours = next((r for r in rows if r["concurrency"] == a.hf_batch), rows[-1])

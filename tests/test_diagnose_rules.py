@@ -120,6 +120,31 @@ CASES = [
                              "moelab serve: error: cannot load the model: /models/broken/config.json: "
                              "Expecting value: line 1 column 1 (char 0)"], {"exit_code": 1, "engine": "embedded"},
      Cause.model_load_error),
+    # `moelab serve --tp-size 2`: lines as the ranks printed them (tests/test_parallel_ranks.py makes them for real)
+    ("embedded-rank-killed", [SG.format(r=1) + "moelab.engine phase=building_weights layer 1/2",
+                              SG.format(r=0) + "moelab.engine error: rank 1 (pid 10743) was killed by signal 9 "
+                              "(SIGKILL); stopping the other 1 rank(s)"], {"exit_code": 1, "engine": "embedded"},
+     Cause.killed_external),
+    ("embedded-rank-crashed", [SG.format(r=0) + "moelab.engine error: rank 1 (pid 812) was killed by signal 11 "
+                               "(SIGSEGV); stopping the other 1 rank(s)"], {"exit_code": 1, "engine": "embedded"},
+     Cause.native_crash),
+    ("embedded-rank-exited", [*tb(SG.format(r=1), "RuntimeError: MOELAB_ENGINE_FAULT: injected failure in rank 1, "
+                                  "phase warmup"),
+                              SG.format(r=0) + "moelab.engine error: rank 1 (pid 10006) exited with status 1; stopping "
+                              "the other 1 rank(s)", SG.format(r=0) + "moelab.engine rank 0: its all_reduce failed as a "
+                              "consequence: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:50351"],
+     {"exit_code": 1, "engine": "embedded"}, Cause.unknown),
+    ("embedded-collective-timeout", [SG.format(r=1) + "moelab.engine MOELAB_ENGINE_FAULT: rank 1 fails in phase warmup "
+                                     "(hang)", SG.format(r=0) + "moelab.engine error: collective all_reduce timed out "
+                                     "after 3 s (--dist-timeout) on rank 0 while every rank was alive: [gloo/transport/"
+                                     "tcp/unbound_buffer.cc:78] Timed out waiting 3000ms for recv operation to complete"],
+     {"exit_code": 1, "engine": "embedded"}, Cause.collective_error),
+    ("embedded-collective-failed", [SG.format(r=0) + "moelab.engine error: collective broadcast failed on rank 0 while "
+                                    "every rank was alive: [gloo/transport/tcp/pair.cc:589] Read error: Connection reset"],
+     {"exit_code": 1, "engine": "embedded"}, Cause.collective_error),
+    ("embedded-gloo-timeout", tb(SG.format(r=1), "RuntimeError: [gloo/transport/tcp/unbound_buffer.cc:78] Timed out "
+                                 "waiting 60000ms for recv operation to complete"), {"exit_code": 1, "engine": "embedded"},
+     Cause.collective_error),
 ]
 
 

@@ -195,17 +195,21 @@ def forecast(m: ModelInfo, *, engine: str, tp: int = 1, dp: int = 1, ep: bool = 
              gpu_memory: int | None = None, n_gpus: int | None = None, mem_fraction: float | None = None,
              fraction_default: float = 0.9, fraction_flag: str = "--mem-fraction-static",
              kv_dtype: str | None = None, context_len: int | None = None,
-             host_limit: int | None = None, cpu_kv_bytes: int | None = None) -> Forecast:
+             host_limit: int | None = None, cpu_kv_bytes: int | None = None,
+             dense_bytes_per_rank: int | None = None) -> Forecast:
     """Per-GPU weights, KV bytes per token and tokens that fit, host RAM while loading.
 
-    Experts are split over tp (or tp*dp with expert parallelism); everything else over tp.
+    Experts are split over tp (or tp*dp with expert parallelism); everything else over tp, unless
+    the engine says what each rank holds of it (`dense_bytes_per_rank`: the embedded engine keeps
+    its embeddings, norms, router and LM head whole on every rank).
     gpu_memory None means CPU serving (vLLM's CPU build): weights and KV live in host RAM.
     """
     problems, notes = [], []
     ranks = tp * dp
     if n_gpus is not None and gpu_memory is not None and ranks > n_gpus:
         problems.append(f"needs tp x dp = {ranks} GPUs, only {n_gpus} given")
-    w = int((m.weight_bytes - m.expert_bytes) / tp + m.expert_bytes / (ranks if ep else tp))
+    dense = (m.weight_bytes - m.expert_bytes) / tp if dense_bytes_per_rank is None else dense_bytes_per_rank
+    w = int(dense + m.expert_bytes / (ranks if ep else tp))
     b = kv_dtype_bytes(kv_dtype)
     kv_total = int(2 * m.attention_layers * m.num_kv_heads * m.head_dim * b)
     heads_per_gpu = max(1, -(-m.num_kv_heads // tp))  # KV heads are replicated once tp > n_kv

@@ -2,6 +2,7 @@
 
 Flag checks that fail print one argparse-style line, `moelab serve: error: argument --flag: ...`,
 and exit 2 before anything heavy happens; a model that cannot be loaded exits 1 with one line.
+With --json the same refusal is also one JSON document on stdout, `{"error": ..., "exit_code": 2}`.
 torch and the engine are imported inside the command, so `moelab --help` stays light.
 """
 from __future__ import annotations
@@ -15,8 +16,12 @@ from moelab.cli.app import app
 from moelab.moe import RUNNERS  # names only; backends import torch when created
 
 
-def _die(msg: str, code: int) -> "typer.Exit":
+def _die(msg: str, code: int, json_out: bool = False) -> "typer.Exit":
     print(f"moelab serve: error: {msg}", file=sys.stderr, flush=True)
+    if json_out:
+        from moelab.cli.output import emit_json
+
+        emit_json({"error": f"moelab serve: error: {msg}", "exit_code": code})
     return typer.Exit(code)
 
 
@@ -37,6 +42,11 @@ def serve(
     disable_cuda_graph: bool = typer.Option(False, "--disable-cuda-graph", help="Run decode steps eagerly instead of replaying CUDA graphs (CUDA only)."),
     cuda_graph_max_bs: Optional[int] = typer.Option(None, "--cuda-graph-max-bs", help="Largest decode batch captured in a CUDA graph (default: --max-running-requests)."),
     api_key: Optional[str] = typer.Option(None, "--api-key", help="Clients must send this key (Authorization: Bearer KEY) on every route but /health."),
+    tp_size: Optional[int] = typer.Option(None, "--tp-size", "--tp", "--tensor-parallel-size", help="Ranks (processes; one GPU each on CUDA): attention heads split over them, experts too (default: --ep-size, else 1)."),
+    ep_size: int = typer.Option(1, "--ep-size", "--ep", "--expert-parallel-size", help="Expert groups among the ranks: each holds whole experts instead of a slice of every expert; divides --tp-size."),
+    dist_timeout: float = typer.Option(60.0, "--dist-timeout", help="Seconds a collective may wait for the other ranks before it fails (multi-rank)."),
+    nccl_port: Optional[int] = typer.Option(None, "--nccl-port", help="Port of rank 0's rendezvous store (default: a free one)."),
+    disable_custom_all_reduce: bool = typer.Option(False, "--disable-custom-all-reduce", help="All-reduce through torch.distributed (gloo) instead of moelab's socket all-reduce between CPU ranks; on CUDA it is NCCL either way."),
     seed: int = typer.Option(0, "--seed", help="Seed of the preset weights and of requests without their own seed."),
     save: Optional[str] = typer.Option(None, "--save", help="Write the model as a Hugging Face style directory here and exit (no serving)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document on stdout (startup summary when ready, or what --save wrote)."),
@@ -50,9 +60,10 @@ def serve(
                            device=device, max_running_requests=max_running_requests, max_total_tokens=max_total_tokens,
                            max_queued_requests=max_queued_requests, seed=seed, save=save,
                            disable_cuda_graph=disable_cuda_graph, cuda_graph_max_bs=cuda_graph_max_bs,
-                           api_key=api_key, backends=tuple(RUNNERS.names()))
+                           tp_size=tp_size, ep_size=ep_size, dist_timeout=dist_timeout, nccl_port=nccl_port,
+                           disable_custom_all_reduce=disable_custom_all_reduce, api_key=api_key, backends=tuple(RUNNERS.names()))
     except ConfigError as e:
-        raise _die(str(e), 2) from None
+        raise _die(str(e), 2, json_out) from None
     run_server(cfg, json_out)
 
 
@@ -67,9 +78,9 @@ def run_server(cfg, json_out: bool) -> None:
     try:
         engine, info = build_engine(cfg)
     except ConfigError as e:
-        raise _die(str(e), 2) from None
+        raise _die(str(e), 2, json_out) from None
     except ModelLoadError as e:
-        raise _die(f"cannot load the model: {e}", 1) from None
+        raise _die(f"cannot load the model: {e}", 1, json_out) from None
     if cfg.save:
         if json_out:
             emit_json({"saved": cfg.save, "files": info["saved"], "model": info["model_config"]})
@@ -86,4 +97,4 @@ def run_server(cfg, json_out: bool) -> None:
         asyncio.run(serve_http(engine, cfg.model_name, info, cfg.host, cfg.port, on_ready=ready, api_key=cfg.api_key))
     except OSError as e:  # bind failures: port in use, address not available
         engine.stop()
-        raise _die(f"cannot listen on {cfg.host}:{cfg.port}: {e}", 1) from None
+        raise _die(f"cannot listen on {cfg.host}:{cfg.port}: {e}", 1, json_out) from None

@@ -12,4 +12,6 @@ measured in a real serving loop; it is small on purpose, not a production engine
     detok.py       incremental text and stop strings;  runtime.py  the engine loop thread
     protocol.py    OpenAI request validation and response bodies;  server.py  aiohttp routes
     build.py       ServerConfig -> warmed-up Engine, logging `moelab.engine phase=<name>` lines
+    memory.py      the memory forecast of one rank (weights, KV bytes per token)
+    parallel/      --tp-size / --ep-size: which rank holds what, the rank processes, their collectives
 """

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moelab.engine.parallel.layout import Parallelism
+
 log = logging.getLogger(__name__)
 
 QUANTIZATIONS = ("none", "fp8", "nvfp4")
@@ -137,6 +139,11 @@ class ServerConfig:
     disable_cuda_graph: bool = False
     cuda_graph_max_bs: int | None = None  # largest decode batch replayed from a graph; default max_running
     api_key: str | None = field(default=None, repr=False)  # clients must send it as a bearer token
+    tp_size: int | None = None  # ranks; default: --ep-size (1 when neither is given)
+    ep_size: int = 1  # expert groups among the ranks (whole experts per group)
+    dist_timeout: float = 60.0  # seconds any collective may wait before it fails
+    nccl_port: int | None = None  # rank 0's rendezvous port (default: a free one)
+    disable_custom_all_reduce: bool = False  # CPU ranks: gloo's all-reduce instead of moelab's (parallel/star.py)
     backends: tuple[str, ...] = field(default=("reference", "grouped"), compare=False)
 
     def __post_init__(self) -> None:
@@ -163,12 +170,30 @@ class ServerConfig:
             raise ConfigError("--cuda-graph-max-bs", f"must be at least 1, got {self.cuda_graph_max_bs}")
         if self.max_total_tokens is not None and self.max_total_tokens < 16:
             raise ConfigError("--max-total-tokens", f"must be at least 16, got {self.max_total_tokens}")
+        for flag, value in (("--tp-size", self.tp_size), ("--ep-size", self.ep_size)):
+            if value is not None and value < 1:
+                raise ConfigError(flag, f"must be at least 1, got {value}")
+        if self.tp_size is not None and self.tp_size % self.ep_size:
+            raise ConfigError("--ep-size", f"{self.ep_size} must divide --tp-size {self.tp_size} (the ranks form "
+                              "--ep-size groups of whole experts)")
+        if self.dist_timeout < 2:
+            raise ConfigError("--dist-timeout", f"must be at least 2 seconds (rank 0 sends a heartbeat every "
+                              f"0.5 s), got {self.dist_timeout:g}")
+        if self.nccl_port is not None and not 0 < self.nccl_port < 65536:
+            raise ConfigError("--nccl-port", f"{self.nccl_port} is not a TCP port (1..65535)")
+        if self.save and self.parallelism.ranks > 1:
+            raise ConfigError("--save", "writes the whole model from one process; leave --tp-size/--ep-size out")
 
     @property
     def model_name(self) -> str:
         if self.served_model_name:
             return self.served_model_name
         return f"moelab-{self.preset}" if self.preset else Path(self.model_path).resolve().name
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """Ranks and expert groups; --ep-size alone also sets the rank count."""
+        return Parallelism(tp=self.tp_size or self.ep_size, ep=self.ep_size)
 
     @property
     def weight_format(self) -> str:
@@ -203,6 +228,10 @@ def resolve(cfg: ServerConfig, checkpoint_format: str = "bf16") -> Resolved:
         raise ConfigError("--device", "'cuda' needs a CUDA GPU and this machine has none "
                           "(torch.cuda.is_available() is False); use --device cpu or auto")
     device = "cuda" if cfg.device == "auto" and has_cuda else ("cpu" if cfg.device == "auto" else cfg.device)
+    ranks = cfg.parallelism.ranks
+    if device == "cuda" and ranks > torch.cuda.device_count():
+        raise ConfigError("--tp-size", f"{ranks} ranks need {ranks} GPUs (one each) and {torch.cuda.device_count()} "
+                          "are visible; lower --tp-size or set CUDA_VISIBLE_DEVICES")
     # float32 on CPU keeps greedy decoding independent of batch composition; bf16 on GPU.
     dtype = cfg.dtype if cfg.dtype != "auto" else ("bfloat16" if device.startswith("cuda") else "float32")
     notes: list[str] = []

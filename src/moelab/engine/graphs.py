@@ -62,7 +62,7 @@ class DecodeGraphs:
     def max_batch(self) -> int:
         return self.sizes[-1]
 
-    def run(self, decode: list[Sequence]) -> torch.Tensor:
+    def run(self, decode: list[Sequence]) -> torch.Tensor | None:
         """Replay the smallest graph that holds these sequences -> logits [B, V] (a view: read before the next run)."""
         B = len(decode)
         bs = next(s for s in self.sizes if s >= B)
@@ -77,4 +77,4 @@ class DecodeGraphs:
         self.inputs[:, :bs].copy_(host[:, :bs], non_blocking=True)
         graph, logits = self.graphs[bs]
         graph.replay()
-        return logits[:B]
+        return None if logits is None else logits[:B]  # None: a rank after 0 computes no logits

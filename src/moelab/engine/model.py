@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from moelab.engine.config import ModelConfig
+from moelab.engine.parallel.layout import Parallelism
 from moelab.moe.base import ExpertWeights, MoERunner
 
 
@@ -77,12 +78,21 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class Qwen3Moe:
     """Weights (HF names for dense tensors, one ExpertWeights per layer) plus the forward pass.
 
-    Holds no per-request state: the KV cache tensors are passed to `forward`.
+    Holds no per-request state: the KV cache tensors are passed to `forward`. On rank `rank` of a
+    multi-rank launch it holds that rank's part (parallel/layout.py): its attention heads, its
+    experts or expert slices; `comm` (set once the ranks have joined) sums the partial outputs
+    of attention and of the MoE, and only rank 0 computes logits.
     """
 
     def __init__(self, cfg: ModelConfig, dense: dict[str, torch.Tensor], experts: list[ExpertWeights],
-                 runner: MoERunner) -> None:
+                 runner: MoERunner, par: Parallelism = Parallelism(), rank: int = 0) -> None:
         self.cfg, self.dense, self.experts, self.runner = cfg, dense, experts, runner
+        self.nh = len(par.heads(rank, cfg.num_attention_heads))  # heads of this rank
+        self.kvh = len(par.kv_heads(rank, cfg.num_key_value_heads))
+        # expert parallelism: the global id of this rank's first expert (None: every expert, sliced)
+        self.first_expert = par.experts(rank, cfg.num_experts).start if par.ep > 1 else None
+        self.comm = None  # parallel.group.Collectives, for a multi-rank launch
+        self.computes_logits = rank == 0
         emb = dense["model.embed_tokens.weight"]
         self.device, self.dtype = emb.device, emb.dtype
         if "lm_head.weight" not in dense:  # tie_word_embeddings
@@ -91,7 +101,7 @@ class Qwen3Moe:
         # q, k and v in one GEMM: the layer keeps one [ (nh + 2 kvh) * D, H ] weight and the HF names
         # become views of it, so nothing is held twice
         self.qkv: list[torch.Tensor] = []
-        nq, nk = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
+        nq, nk = self.nh * cfg.head_dim, self.kvh * cfg.head_dim
         for i in range(cfg.num_hidden_layers):
             p = f"model.layers.{i}.self_attn."
             w = torch.cat([dense.pop(p + n + "_proj.weight") for n in "qkv"])
@@ -110,10 +120,14 @@ class Qwen3Moe:
         step of up to `max_tokens` tokens can launch is compiled at startup rather than in the middle
         of serving a request. Returns those token counts."""
         c = self.cfg
-        counts = self.runner.warm_token_counts(max_tokens, self.experts[0], c.num_experts_per_tok)
+        # expert parallelism calls the runner with one (token, expert) pair per row (parallel/moe.py)
+        k = c.num_experts_per_tok if self.first_expert is None else 1
+        max_rows = max_tokens if self.first_expert is None else max_tokens * c.num_experts_per_tok
+        counts = self.runner.warm_token_counts(max_rows, self.experts[0], k)
+        E = self.experts[0].shape[0]
         for T in counts:
             x = torch.zeros(T, c.hidden_size, dtype=self.dtype, device=self.device)
-            ids = (torch.arange(T * c.num_experts_per_tok, device=self.device) % c.num_experts).view(T, -1)
+            ids = (torch.arange(T * k, device=self.device) % E).view(T, -1)
             w = torch.full(ids.shape, 1.0 / ids.shape[1], dtype=torch.float32, device=self.device)
             self.runner(x, w, ids, self.experts[0])
         return counts
@@ -121,7 +135,7 @@ class Qwen3Moe:
     def new_kv_cache(self, slots: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Per layer (K, V), each [slots, KVH, D] in the model dtype."""
         c = self.cfg
-        shape = (slots, c.num_key_value_heads, c.head_dim)
+        shape = (slots, self.kvh, c.head_dim)
         return [(torch.zeros(shape, dtype=self.dtype, device=self.device),
                  torch.zeros(shape, dtype=self.dtype, device=self.device)) for _ in range(c.num_hidden_layers)]
 
@@ -150,7 +164,7 @@ class Qwen3Moe:
 
     def _attention(self, x: torch.Tensor, i: int, b: StepBatch, kv: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
         c, d, p = self.cfg, self.dense, f"model.layers.{i}.self_attn."
-        T, nh, kvh, D = x.shape[0], c.num_attention_heads, c.num_key_value_heads, c.head_dim
+        T, nh, kvh, D = x.shape[0], self.nh, self.kvh, c.head_dim
         qkv = F.linear(x, self.qkv[i])  # [T, (nh + 2 kvh) * D]
         q, k, v = (t.view(T, -1, D) for t in qkv.split([nh * D, kvh * D, kvh * D], dim=1))
         kc, vc = kv
@@ -190,18 +204,32 @@ class Qwen3Moe:
             out[b.decode_rows] = od.reshape(Bd, nh, D)
         return F.linear(out.reshape(T, nh * D), d[p + "o_proj.weight"])
 
+    def _moe(self, h: torch.Tensor, i: int) -> torch.Tensor:
+        topw, topi = self.route(h, i)
+        if self.first_expert is None:  # every expert (or this rank's slice of each)
+            return self.runner(h, topw, topi, self.experts[i])
+        from moelab.engine.parallel.moe import local_experts_moe
+
+        return local_experts_moe(self.runner, h, topw, topi, self.experts[i], self.first_expert)
+
     @torch.inference_mode()
-    def forward(self, b: StepBatch, kv_cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-        """One step over packed tokens -> logits [B, V] in float32 for each sequence's last token."""
-        c, d = self.cfg, self.dense
+    def forward(self, b: StepBatch, kv_cache: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor | None:
+        """One step over packed tokens -> logits [B, V] in float32 for each sequence's last token
+        (None on the ranks after 0 of a multi-rank launch)."""
+        c, d, comm = self.cfg, self.dense, self.comm
         delta, residual = d["model.embed_tokens.weight"][b.input_ids], None  # [T, H]
         for i in range(c.num_hidden_layers):
             p = f"model.layers.{i}."
             h, residual = self._add_norm(delta, residual, d[p + "input_layernorm.weight"])
-            h, residual = self._add_norm(self._attention(h, i, b, kv_cache[i]), residual,
-                                         d[p + "post_attention_layernorm.weight"])
-            topw, topi = self.route(h, i)
-            delta = self.runner(h, topw, topi, self.experts[i])
+            attn = self._attention(h, i, b, kv_cache[i])
+            if comm is not None:  # each rank's heads gave a partial o_proj product
+                attn = comm.all_reduce(attn)
+            h, residual = self._add_norm(attn, residual, d[p + "post_attention_layernorm.weight"])
+            delta = self._moe(h, i)
+            if comm is not None:  # each rank's experts (or expert slices) gave a partial sum
+                delta = comm.all_reduce(delta)
+        if not self.computes_logits:
+            return None
         if b.last_index is not None:
             delta, residual = delta[b.last_index], residual[b.last_index]
         h, _ = self._add_norm(delta, residual, d["model.norm.weight"])  # [B, H]

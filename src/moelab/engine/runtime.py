@@ -51,6 +51,7 @@ class Engine:
             self.slot_table = torch.full((scheduler.max_running + 1, width), self.scratch_slot, dtype=torch.int32,
                                          device=model.device)  # the last lane is the padding rows'
         self.graphs = None  # DecodeGraphs once captured
+        self.ranks = None  # parallel.ranks.Leader on rank 0 of a multi-rank launch: each step goes to every rank
         self.deliver: Callable[[list[tuple[Sequence, Event]]], None] = lambda evs: None
         self._rng = random.Random(seed)  # seeds the generator of every request that brings no seed
         self._stop = threading.Event()
@@ -74,17 +75,9 @@ class Engine:
         seqs = prefill + decode
         if not seqs:
             return 0
-        if self.slot_table is not None:
-            for seq in prefill:  # a new lane's row: the slots of every position it will have
-                n = min(len(seq.slots), self.slot_table.shape[1])
-                self.slot_table[seq.lane, :n] = torch.tensor(seq.slots[:n], dtype=torch.int32).to(
-                    self.model.device, non_blocking=True)
-        if self.graphs is not None and not prefill and len(decode) <= self.graphs.max_batch:
-            logits = self.graphs.run(decode)
-            self.stats["graph_steps"] += 1
-        else:
-            batch = build_step(prefill, decode, self.model.device, self.slot_table)
-            logits = self.model.forward(batch, self.kv)  # [B, V]
+        if self.ranks is not None:
+            self.ranks.send_step(prefill, decode)
+        logits = self.forward_step(prefill, decode)  # [B, V]
         if not torch.isfinite(logits).all():
             self.stats["nonfinite_steps"] += 1
             if self.stats["nonfinite_steps"] == 1:
@@ -113,6 +106,18 @@ class Engine:
             st["decode_steps"] += 1
             st["decode_busy_s"] += dt
         return len(seqs)
+
+    def forward_step(self, prefill: list[Sequence], decode: list[Sequence]) -> torch.Tensor | None:
+        """The forward of one scheduled step (every rank runs it; logits [B, V] on rank 0 only)."""
+        if self.slot_table is not None:
+            for seq in prefill:  # a new lane's row: the slots of every position it will have
+                n = min(len(seq.slots), self.slot_table.shape[1])
+                self.slot_table[seq.lane, :n] = torch.tensor(seq.slots[:n], dtype=torch.int32).to(
+                    self.model.device, non_blocking=True)
+        if self.graphs is not None and not prefill and len(decode) <= self.graphs.max_batch:
+            self.stats["graph_steps"] += 1
+            return self.graphs.run(decode)
+        return self.model.forward(build_step(prefill, decode, self.model.device, self.slot_table), self.kv)
 
     def _advance(self, seq: Sequence, ch) -> Event | None:
         """Book one new token; finish the sequence when EOS, a stop string, max_tokens or the context says so."""
@@ -158,6 +163,8 @@ class Engine:
             while not self._stop.is_set():
                 if not self.sched.has_work():
                     self.sched.wait_for_work(0.5)
+                    if self.ranks is not None:
+                        self.ranks.idle()
                     continue
                 self.step()
                 now = time.monotonic()
@@ -168,6 +175,8 @@ class Engine:
                           file=sys.stderr, flush=True)
                     last_log, tokens_at_log = now, done
         except Exception as e:  # the server answers 500 from now on and says why
+            if self.ranks is not None:  # the other ranks cannot go on without this one: end the launch
+                self.ranks.fail(e)
             self.stats["error"] = f"{type(e).__name__}: {e}"
             print(f"moelab.engine error: {self.stats['error']}", file=sys.stderr, flush=True)
             import traceback
@@ -189,3 +198,5 @@ class Engine:
             self.sched.cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        if self.ranks is not None:
+            self.ranks.stop(engine_idle=self._thread is None or not self._thread.is_alive())

@@ -101,7 +101,8 @@ class Server:
         return web.json_response({**e.stats, **e.sched.stats(),
                                   "batch_size_histogram": {str(k): v for k, v in sorted(e.batch_hist.items())},
                                   **{k: self.info[k] for k in ("resolved", "kv_cache_tokens", "model_config", "expert_bytes",
-                                                                "cuda_graph_batch_sizes") if k in self.info}})
+                                                                "cuda_graph_batch_sizes", "parallel", "memory")
+                                     if k in self.info}})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)

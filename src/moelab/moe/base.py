@@ -14,6 +14,7 @@ so any backend can be swapped per call in a test or a benchmark. Shapes:
 """
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, ClassVar
 
@@ -38,6 +39,22 @@ class ExpertWeights(ABC):
     @abstractmethod
     def nbytes(self) -> int:
         """Bytes of all expert tensors (values and scales) as stored."""
+
+    def select(self, first: int, count: int) -> "ExpertWeights":
+        """Experts [first, first + count) only (expert parallelism): every per-expert tensor of
+        every format has the expert index as its leading dimension."""
+        E = self.shape[0]
+        out = copy.copy(self)
+        for k, v in vars(self).items():
+            if hasattr(v, "shape") and v.dim() and v.shape[0] == E:
+                setattr(out, k, v[first:first + count].clone())  # its own storage: the rest can be freed
+        return out
+
+    @abstractmethod
+    def slice_intermediate(self, start: int, stop: int) -> "ExpertWeights":
+        """Every expert's intermediate rows [start, stop) only (tensor parallelism): the gate and up
+        rows of w13 and the matching input columns of w2, with their scales. The stored values are
+        not requantized, so the slices of all ranks hold exactly the whole layer's numbers."""
 
 
 class MoERunner(ABC):
@@ -74,3 +91,24 @@ class MoERunner(ABC):
         w: ExpertWeights,
     ) -> "torch.Tensor":
         """Return [T, H] in x.dtype."""
+
+
+def gate_up_rows(t: "torch.Tensor", start: int, stop: int, intermediate: int) -> "torch.Tensor":
+    """Rows [start, stop) of the gate half and of the up half of a w13-shaped tensor [E, 2I/g, ...]
+    whose rows come in groups of g = 2I / t.shape[1] (g = 1: one row per row; fp8 block scales: 128)."""
+    import torch
+
+    g = 2 * intermediate // t.shape[1]
+    if start % g or stop % g:
+        raise ValueError(f"intermediate rows {start}-{stop} cut through this format's {g}-row scale blocks")
+    a, b, half = start // g, stop // g, intermediate // g
+    return torch.cat([t[:, a:b], t[:, half + a:half + b]], dim=1).contiguous()
+
+
+def input_columns(t: "torch.Tensor", start: int, stop: int, intermediate: int) -> "torch.Tensor":
+    """Columns [start, stop) of a w2-shaped tensor [E, H/., I/g] whose last axis packs g inputs per
+    element (1 for plain values, 2 for nvfp4 bytes, 16 for nvfp4 scales, 128 for fp8 block scales)."""
+    g = intermediate // t.shape[-1]
+    if start % g or stop % g:
+        raise ValueError(f"intermediate columns {start}-{stop} cut through this format's {g}-wide groups")
+    return t[..., start // g:stop // g].contiguous()

@@ -5,7 +5,7 @@ from typing import ClassVar
 
 import torch
 
-from moelab.moe.base import ExpertWeights
+from moelab.moe.base import ExpertWeights, gate_up_rows, input_columns
 
 
 class Bf16Experts(ExpertWeights):
@@ -26,3 +26,7 @@ class Bf16Experts(ExpertWeights):
 
     def nbytes(self) -> int:
         return self.w13.nbytes + self.w2.nbytes
+
+    def slice_intermediate(self, start: int, stop: int) -> "Bf16Experts":
+        I = self.shape[2]
+        return Bf16Experts(gate_up_rows(self.w13, start, stop, I), input_columns(self.w2, start, stop, I))

@@ -11,7 +11,7 @@ from typing import ClassVar
 
 import torch
 
-from moelab.moe.base import ExpertWeights
+from moelab.moe.base import ExpertWeights, gate_up_rows, input_columns
 
 E4M3_MAX = 448.0
 
@@ -77,3 +77,11 @@ class Fp8Experts(ExpertWeights):
 
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.w13, self.w13_scale, self.w2, self.w2_scale))
+
+    def slice_intermediate(self, start: int, stop: int) -> "Fp8Experts":
+        I = self.shape[2]
+        # per-channel scales follow w13's rows and w2's output rows (untouched); block scales
+        # follow both axes in blocks
+        s2 = self.w2_scale if self.block is None else input_columns(self.w2_scale, start, stop, I)
+        return Fp8Experts(gate_up_rows(self.w13, start, stop, I), gate_up_rows(self.w13_scale, start, stop, I),
+                          input_columns(self.w2, start, stop, I), s2, self.block)

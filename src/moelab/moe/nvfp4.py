@@ -13,7 +13,7 @@ from typing import ClassVar
 
 import torch
 
-from moelab.moe.base import ExpertWeights
+from moelab.moe.base import ExpertWeights, gate_up_rows, input_columns
 
 E2M1_MAX, E4M3_MAX, GROUP = 6.0, 448.0, 16
 # e2m1 magnitudes by 3-bit code; the 4th bit is the sign.
@@ -92,3 +92,9 @@ class Nvfp4Experts(ExpertWeights):
     def nbytes(self) -> int:
         return sum(t.nbytes for t in (self.w13, self.w13_scale, self.w13_scale_2,
                                       self.w2, self.w2_scale, self.w2_scale_2))
+
+    def slice_intermediate(self, start: int, stop: int) -> "Nvfp4Experts":
+        I = self.shape[2]  # the global scales are per expert and projection: every slice keeps them
+        return Nvfp4Experts(gate_up_rows(self.w13, start, stop, I), gate_up_rows(self.w13_scale, start, stop, I),
+                            self.w13_scale_2, input_columns(self.w2, start, stop, I),
+                            input_columns(self.w2_scale, start, stop, I), self.w2_scale_2)
