@@ -200,12 +200,14 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
         ranks.append(r)
 
     # layer 1: signature rules
-    roots, wrappers, matched, ignored = [], [], set(), set()
+    roots, wrappers, matched, ignored, own = [], [], set(), set(), set()
     for n, text in enumerate(texts, 1):
         rule = m.match(text)
         if rule is None:
             continue
         matched.add(n)
+        if rule.engine != "generic":
+            own.add(n)
         if rule.kind == "ignore":
             ignored.add(n)
             continue
@@ -216,6 +218,7 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
     # layer 2: structure
     sig = _signal_of(exit_code, signal)
     sigkills, ooms, externals = structure.kills(texts)
+    sigkills = [f for f in sigkills if f.line not in own]  # the engine's own rule for a kill says more
     strong = [*roots,
               *(f for f in structure.exceptions(texts, ranks, m.root_cause) if f.line not in matched),
               *(f for f in ooms if f.line not in matched),
@@ -241,15 +244,25 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
     decided: Finding | None = None
     alts: dict[Cause, float] = {}
     extra_advice = ""
-    if killed9 and oom_found and (oom is not None and oom.found or not known
+    killed_any = killed9 or any(w.cause is Cause.killed_external for w in wrappers)  # a rule that names a kill
+    if killed_any and oom_found and (oom is not None and oom.found or not known
                                   or min(f.line for f in known) >= min([f.line for f in ooms] or [10**9])):
         # the OOM killer (the cgroup's count, the kernel's line) decides, even over an earlier error line
-        src = next((f for f in roots + ooms if f.cause is Cause.host_oom), None)
-        decided = src or Finding(Cause.host_oom, None, "the memory cgroup counted an OOM kill", "oom", 0.95)
+        src = next((f for f in roots + ooms if f.cause is Cause.host_oom), None) or \
+            next((f for f in wrappers + sigkills if f.cause is Cause.killed_external), None)  # the line naming the kill
+        decided = Finding(Cause.host_oom, src.line, src.text, src.layer, 0.95, source=src.source, rank=src.rank,
+                          rule_id=src.rule_id) if src else \
+            Finding(Cause.host_oom, None, "the memory cgroup counted an OOM kill", "oom", 0.95)
         decided.confidence = 0.95
     elif known or bugs:
         decided = min(known + bugs, key=lambda f: (f.line or 0, f.strength != STRONG))
-        if decided.cause is Cause.unknown and known:  # a plain bug first, a known cause right behind: say both
+        earlier = [w for w in wrappers if w.cause is not Cause.unknown and (w.line or 0) < (decided.line or 0)]
+        if decided.cause is Cause.unknown and earlier:
+            # a wrapper that named a cause (a worker killed, a peer gone) came before an exception
+            # that names none: the exception is the consequence
+            decided = earlier[0]
+            decided.confidence = 0.65
+        elif decided.cause is Cause.unknown and known:  # a plain bug first, a known cause right behind: say both
             nxt = min(known, key=lambda f: f.line or 0)
             alts[nxt.cause] = 0.45
     elif killed9:

@@ -134,6 +134,7 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
         if not m or text.startswith(("warnings.warn", "raise ")):
             continue
         etype, msg = m.group("type"), (m.group("msg") or "").strip()
+        had_header = rank in frames
         if etype == "ValidationError" and rule_cause is not None:
             # pydantic: "N validation error(s) for XConfig" and the message on the next lines
             inner = next((c for t in texts[n:n + 4] if (c := rule_cause(t.removeprefix("Value error, ")))), None)
@@ -147,6 +148,9 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
         stack = frames.pop(rank, [])
         path = next((p for p in reversed(stack) if not p.endswith(("/subprocess.py", "/threading.py"))), None)
         cause, why = _exception_cause(etype, msg, stack)
+        if cause is None and had_header and not etype.endswith("Warning"):
+            # the exception that ends a traceback is the root error even when nothing says which cause
+            cause, why = Cause.unknown, f"{etype} ends the traceback; its message names no known cause"
         if cause is None:
             continue
         out.append(Finding(cause=cause, line=n, text=text, layer="structure", rank=rank,

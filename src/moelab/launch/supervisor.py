@@ -289,6 +289,15 @@ class Supervisor:
         oom = self.cgroup.oom_evidence(self.sampler.last_rss or None)
         killed, segv = kernellog.lines_for(set(self.tree.known)) if (vanished or ooms) else ([], [])
         oom.kernel_lines = killed
+        if not gone:  # the OOM count rose before the killed process was reaped: the kernel names it
+            import re as _re
+
+            for ln in killed:
+                km = _re.search(r"Killed process (\d+)", ln)
+                if km and int(km.group(1)) in self.tree.first_seen:
+                    pid = int(km.group(1))
+                    gone[pid] = " ".join(self.tree.first_seen[pid].split())
+                    self._gone.add(pid)
         v = None
         if ooms or killed:
             v = classify(self.log.snapshot(), signal=9, engine=self.adapter.name, oom=oom,
@@ -306,8 +315,9 @@ class Supervisor:
         if v is None:
             return None  # a helper process that ended normally (a compiler, a tokenizer job)
         what = ", ".join(gone.values()) or "a process of the tree (the cgroup counted an OOM kill)"
-        v.evidence.insert(0, Evidence(kind="tree", text=f"{what} ended while the server process "
-                                                        f"(pid {self.tree.root_pid}) was still running"))
+        at = 1 if v.evidence and v.evidence[0].kind == "log" else 0  # the log's own root line stays first
+        v.evidence.insert(at, Evidence(kind="tree", text=f"{what} ended while the server process "
+                                                         f"(pid {self.tree.root_pid}) was still running"))
         v.evidence.extend(Evidence(kind="kernel_log", text=ln, source="dmesg") for ln in segv[:2])
         v.detail.update(inner_death=True, log_phase=self.log.phase,
                         died_after_s=round(now - self.t0, 3))
