@@ -1,6 +1,7 @@
 """A real OpenAI-compatible HTTP server that knows the answers to a task, and gets chosen ones wrong.
 
-Stdlib only, so it behaves like an engine and not like moelab. It reads an answer key (a JSONL of
+Stdlib only (plus bad_server.py beside it, for /health, /v1/models and the JSON replies), so it
+behaves like an engine and not like moelab. It reads an answer key (a JSONL of
 {"id", "prompt", "answer"} lines) and answers each known prompt through /v1/completions and
 /v1/chat/completions with the right answer, except:
   --wrong-ids a,b     these items get a wrong answer (the right one with its last character changed)
@@ -18,9 +19,9 @@ import json
 import signal
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
-LOCK = threading.Lock()
+from bad_server import LOCK, Handler as BadHandler
 
 
 def wrong(answer: str) -> str:
@@ -28,33 +29,13 @@ def wrong(answer: str) -> str:
     return answer[:-1] + ("1" if last != "1" else "2")
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class Handler(BadHandler):
     key: dict[str, tuple[str, str]] = {}  # prompt -> (id, answer)
     wrong_ids: set[str] = set()
     fail_ids: set[str] = set()
     wrong_above = 10**9
     latency = 0.0
     in_flight = 0
-
-    def log_message(self, fmt, *args):
-        pass
-
-    def _json(self, code: int, obj: dict) -> None:
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):
-        if self.path == "/health":
-            self._json(200, {})
-        elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": "answer-key", "object": "model", "max_model_len": 512}]})
-        else:
-            self._json(404, {"error": {"message": "not found"}})
 
     def do_POST(self):
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
@@ -78,7 +59,7 @@ class Handler(BaseHTTPRequestHandler):
             else:
                 choice = {"index": 0, "text": answer, "logprobs": None, "finish_reason": "stop"}
             self._json(200, {"id": "cmpl-key", "object": "chat.completion" if chat else "text_completion",
-                             "created": int(time.time()), "model": "answer-key", "choices": [choice],
+                             "created": int(time.time()), "model": req.get("model"), "choices": [choice],
                              "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(answer),
                                        "total_tokens": len(prompt) + len(answer)}})
         finally:
