@@ -38,13 +38,13 @@ def load_weights(cfg: ServerConfig, res: Resolved, model_cfg: ModelConfig
                  ) -> tuple[dict[str, torch.Tensor], list[ExpertWeights]]:
     """Dense tensors and per-layer experts in the resolved format, on the resolved device."""
     dtype, device = getattr(torch, res.dtype), torch.device(res.device)
-    if cfg.preset:
+    if cfg.model_dir is None:
         phase("building_weights", f"preset={cfg.preset} seed={cfg.seed} layers={model_cfg.num_hidden_layers} "
               f"params={model_cfg.num_params / 1e6:.2f}M ({model_cfg.num_params * dtype.itemsize / 2**20:.1f} MiB)")
         dense, raw = random_weights(model_cfg, cfg.seed, dtype, device, _progress("building_weights"))
     else:
-        phase("loading_weights", f"path={cfg.model_path} layers={model_cfg.num_hidden_layers}")
-        _, dense, loaded = load_checkpoint(Path(cfg.model_path), dtype, device, _progress("loading_weights"))
+        phase("loading_weights", f"path={cfg.model_dir} layers={model_cfg.num_hidden_layers}")
+        _, dense, loaded = load_checkpoint(cfg.model_dir, dtype, device, _progress("loading_weights"))
         if all(w.fmt == res.weight_format for w in loaded):
             return dense, loaded
         raw = [list(w.dequantize(dtype)) for w in loaded]
@@ -63,11 +63,11 @@ def load_weights(cfg: ServerConfig, res: Resolved, model_cfg: ModelConfig
 
 def model_config(cfg: ServerConfig) -> tuple[ModelConfig, str]:
     """(model config, expert format the checkpoint stores) without loading any weights."""
-    if cfg.preset:
+    if cfg.model_dir is None:
         return PRESETS[cfg.preset], "bf16"
     from moelab.moe.modelopt import format_from_config
 
-    mc, quant = read_config(Path(cfg.model_path))
+    mc, quant = read_config(cfg.model_dir)
     return mc, format_from_config(quant)
 
 
@@ -98,7 +98,7 @@ def build_engine(cfg: ServerConfig) -> tuple[Engine, dict[str, Any]]:
         # work). The flash / memory-efficient kernels take any shape without a per-shape build.
         torch.backends.cuda.enable_cudnn_sdp(False)
     dense, experts = load_weights(cfg, res, mc)
-    tok = load_tokenizer(Path(cfg.model_path) if cfg.model_path else None)
+    tok = load_tokenizer(cfg.model_dir)
     tok.model_vocab_size = mc.vocab_size
     info: dict[str, Any] = {"model": cfg.model_name, "resolved": asdict(res), "model_config": asdict(mc),
                             "expert_bytes": sum(w.nbytes() for w in experts)}

@@ -8,7 +8,7 @@ router has something to specialise on:
     >>> import random
     >>> r = random.Random(0)
     >>> [make(t, r) for t in TASKS]
-    [('add 864+394=', '1258'), ('sort 86740=', '04678'), ('rev 63286=', '68263')]
+    [('add 964+494=', '1458'), ('sort 048764=', '044678'), ('rev 593824=', '428395')]
 
 The answer is followed by the end-of-text token in training, so a greedy model stops by itself.
 """
@@ -20,18 +20,14 @@ from collections.abc import Callable, Iterator
 MAX_ANSWER_CHARS = 8  # longest answer of any task (sort / rev of 8 digits)
 
 
-def _number(r: random.Random) -> int:
-    """1 to 3 digits, each length equally likely (so short operands are not rare)."""
-    n = r.randint(1, 3)
-    return r.randint(0 if n == 1 else 10 ** (n - 1), 10 ** n - 1)
-
-
 def _digits(r: random.Random) -> str:
     return "".join(r.choice("0123456789") for _ in range(r.randint(3, 8)))
 
 
 def add(r: random.Random) -> tuple[str, str]:
-    a, b = _number(r), _number(r)
+    """Two three-digit numbers: the digits of each place stand at fixed offsets, the carry still
+    runs through all of them (999+1xx ends in 1xxx)."""
+    a, b = r.randint(100, 999), r.randint(100, 999)
     return f"add {a}+{b}=", str(a + b)
 
 

@@ -32,6 +32,7 @@ class ItemResult(BaseModel):
     correct: bool
     error: str | None = None
     seconds: float = 0.0
+    logprob: float | None = None  # sum of the answer tokens' logprobs, when the server reports them
 
 
 class TaskRun(BaseModel):
@@ -67,6 +68,13 @@ class TaskRun(BaseModel):
     def errors(self) -> int:
         return sum(r.error is not None for r in self.items)
 
+    @computed_field
+    @property
+    def mean_logprob(self) -> float | None:
+        """Mean over items of the answer's log-likelihood (how sure the model was), where reported."""
+        lps = [r.logprob for r in self.items if r.logprob is not None]
+        return sum(lps) / len(lps) if lps else None
+
 
 def public_url(url: str) -> str:
     """The URL without credentials (http://user:key@host:port -> http://host:port)."""
@@ -79,12 +87,17 @@ def public_url(url: str) -> str:
 def _ask(url: str, model: str, item: Item, chat: bool, timeout_s: float) -> ItemResult:
     t0 = time.perf_counter()
     p = {"prompt": item.prompt, "messages": [{"role": "user", "content": item.prompt}], "max_tokens": item.max_tokens}
+    text, error, lp = None, None, None
     try:
-        text, error = greedy(url, model, p, chat=chat, timeout_s=timeout_s, top_k=0).text, None
+        ans = greedy(url, model, p, chat=chat, timeout_s=timeout_s, top_k=0)
+        text = ans.text
+        lps = ans.token_logprobs
+        lp = sum(lps) if lps and all(x is not None for x in lps) else None
     except (RequestFailed, ServerUnreachable) as e:
-        text, error = None, str(e)[:300]
+        error = str(e)[:300]
     return ItemResult(id=item.id, prompt=item.prompt, expected=item.answer, completion=text,
-                      correct=text is not None and item.matches(text), error=error, seconds=time.perf_counter() - t0)
+                      correct=text is not None and item.matches(text), error=error, seconds=time.perf_counter() - t0,
+                      logprob=lp)
 
 
 def run_task(url: str, task: Task, *, model: str | None = None, concurrency: int = 1, chat: bool = False,
