@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -74,7 +75,7 @@ def main() -> None:
         verdict = "baseline" if d is None else d.rule.split(" (")[0]
         print(f"{runner:>9} {fmt:>6} {run.n:>5} {run.accuracy:>8.1%} {acc.get('add', 0):>6.1%} {acc.get('sort', 0):>6.1%} "
               f"{acc.get('rev', 0):>6.1%} {'-' if d is None else d.lost:>4} {'-' if d is None else d.gained:>6} "
-              f"{'-' if run.mean_logprob is None else f'{run.mean_logprob:.4f}':>8}  "
+              f"{'-' if run.mean_logprob is None else f'{run.mean_logprob:.1e}':>8}  "
               f"{verdict:<41} {wall:>5.1f}s" + ("  (Triton CPU interpreter)" if interp else ""), flush=True)
     rec = json.loads((TRAINED_PRESETS["digits"] / "training.json").read_text())
     print(f"training: {rec['steps']} steps of {rec['batch']} sequences in {rec['train_seconds']:.0f} s on "
@@ -86,5 +87,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` stops the server it started
     main()

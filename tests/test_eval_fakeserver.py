@@ -61,8 +61,8 @@ def test_a_tolerance_on_top_lets_a_known_cost_pass(reference):
         strict = eval_cli("--url", url, "--task", "digits-add", "--n", "40", "--against", str(reference))
         loose = eval_cli("--url", url, "--task", "digits-add", "--n", "40", "--against", str(reference),
                          "--min-delta", "0.175")
-    assert strict.returncode == 1 and "FAIL -17.50% < -14.84%" in strict.stdout
-    assert loose.returncode == 0 and "pass -17.50% >= -17.50%" in loose.stdout
+    assert strict.returncode == 1 and "FAIL: paired difference -17.50% < -14.84%" in strict.stdout
+    assert loose.returncode == 0 and "pass: paired difference -17.50% >= -17.50%" in loose.stdout
     assert "max(min_delta 17.50%, noise 14.84%)" in loose.stdout
 
 

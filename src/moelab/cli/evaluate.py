@@ -75,9 +75,6 @@ class _null:
 
 
 def _print(rep, saved: Path | None) -> None:
-    from rich import box
-    from rich.table import Table
-
     from moelab.cli.output import console
 
     def say(text: str, markup: bool = True) -> None:  # one line each, never wrapped: easy to grep
@@ -85,25 +82,25 @@ def _print(rep, saved: Path | None) -> None:
 
     r0 = rep.points[0].run
     say(f"eval {rep.task} ({r0.n} items, {rep.source}) on {rep.url} model={rep.model}, "
-                  f"{r0.endpoint}, greedy, {r0.harness}")
+        f"{r0.endpoint}, greedy, {r0.harness}", markup=False)
     labels = sorted({p.compared_with for p in rep.points if p.compared_with})
     if labels:
         say(f"paired with: {', '.join(labels)}", markup=False)
-    t = Table(box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False)
-    for col in ("point", "accuracy", "errors", "wall", "lost", "gained", "decision"):
-        t.add_column(col, justify="right" if col in ("errors", "wall", "lost", "gained") else "left", no_wrap=True)
+    say(f"{'point':<6} {'accuracy':<16} {'errors':>6} {'wall':>7} {'lost':>5} {'gained':>6} {'diff':>7} "
+        f"{'allowed':>8}  decision", markup=False)
     for p in rep.points:
         r, d = p.run, p.decision
-        verdict = "-" if d is None else f"[green]pass[/] {d.difference:+.2%} >= -{d.delta:.2%}" if d.passed \
-            else f"[red]FAIL[/] {d.difference:+.2%} < -{d.delta:.2%}"
-        t.add_row(f"c={r.concurrency}", f"{r.accuracy:.1%} {r.correct}/{r.n}",
-                  f"[red]{r.errors}[/]" if r.errors else "0", f"{r.wall_s:.1f}s",
-                  "-" if d is None else str(d.lost), "-" if d is None else str(d.gained), verdict)
-    console.print(t)
+        cells = ["-", "-", "-", "-", "-"] if d is None else [
+            str(d.lost), str(d.gained), f"{d.difference:+.2%}", f"-{d.delta:.2%}",
+            "[green]pass[/]" if d.passed else "[red]FAIL[/]"]
+        err = f"[red]{r.errors:>6}[/]" if r.errors else f"{0:>6}"
+        say(f"{'c=' + str(r.concurrency):<6} {f'{r.accuracy:.1%} {r.correct}/{r.n}':<16} {err} {r.wall_s:>6.1f}s "
+            f"{cells[0]:>5} {cells[1]:>6} {cells[2]:>7} {cells[3]:>8}  {cells[4]}")
     decided = [p.decision for p in rep.points if p.decision is not None]
     if decided:
         say(f"rule: pass iff paired difference >= -delta, delta = max(min_delta, (z*sqrt(lost+gained)+1)/n), "
-                      f"z at {rep.confidence:.0%} one-sided (McNemar, continuity-corrected); min_delta {rep.min_delta:.2%}")
+            f"z at {rep.confidence:.0%} one-sided (McNemar, continuity-corrected); min_delta {rep.min_delta:.2%}",
+            markup=False)
         for p in rep.points:
             if p.decision is not None:
                 say(f"  c={p.run.concurrency}: {p.decision.rule}", markup=False)
@@ -112,8 +109,13 @@ def _print(rep, saved: Path | None) -> None:
         for x in wrong[:3]:
             got = f"error: {x.error[:100]}" if x.error else repr(x.completion[:40])
             say(f"  wrong at c={p.run.concurrency}: {x.id} {x.prompt[:40]!r} -> {got} (expected {x.expected!r})",
-                          markup=False)
+                markup=False)
         if len(wrong) > 3:
             say(f"  ... and {len(wrong) - 3} more wrong at c={p.run.concurrency}")
+    why = [f"c={p.run.concurrency} below the reference" for p in rep.points if p.decision and not p.decision.passed]
+    why += [f"{p.run.errors} request(s) failed at c={p.run.concurrency}" for p in rep.points if p.run.errors]
+    if decided or why:
+        say("verdict: [green]pass[/]" if rep.passed else f"verdict: [red]FAIL[/] ({'; '.join(why)})")
     if saved is not None:
-        say(f"answers saved to {saved} (concurrency {r0.concurrency}); compare later with --against {saved}")
+        say(f"answers saved to {saved} (concurrency {r0.concurrency}); compare later with --against {saved}",
+            markup=False)
