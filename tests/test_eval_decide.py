@@ -139,3 +139,10 @@ def test_the_training_stream_never_shows_a_held_out_prompt():
     share = sum(t == "add" for t, _, _ in seen) / len(seen)
     assert 0.47 < share < 0.53  # weight 2 of 4
     assert digits.make("rev", random.Random(3)) == digits.make("rev", random.Random(3))
+
+
+def test_a_stored_url_keeps_no_credentials():
+    from moelab.evaluate.run import public_url
+
+    assert public_url("http://user:s3cret@127.0.0.1:8000/?key=abc") == "http://127.0.0.1:8000"
+    assert public_url("http://localhost:30000/") == "http://localhost:30000"
