@@ -78,3 +78,16 @@ def test_without_lm_eval_the_task_is_a_clear_usage_error(tmp_path, free_port):
         p = eval_cli("--url", url, "--task", "lm-eval:gsm8k", "--json", env=env)
     doc = json.loads(p.stdout)
     assert p.returncode == 2 and "lm-evaluation-harness is not installed" in doc["error"]
+
+
+@pytest.mark.embedded
+@pytest.mark.skipif(find_lm_eval() is None, reason="lm-evaluation-harness is not installed")
+def test_lm_eval_scores_the_trained_preset_on_the_embedded_engine(tmp_path):
+    pytest.importorskip("torch")
+    task = tmp_path / "digits_add.yaml"
+    task.write_text(TASK_YAML.format(key=KEY))
+    with serve("", command=[sys.executable, "-m", "moelab.cli", "serve", "--preset", "digits"], timeout=180) as url:
+        p = eval_cli("--url", url, "--task", f"lm-eval:{task}", "--n", "50", "--concurrency", "8", "--json")
+    run = json.loads(p.stdout)["points"][0]["run"]
+    assert p.returncode == 0 and run["model"] == "moelab-digits" and run["n"] == 50
+    assert run["accuracy"] >= 0.95, [r for r in run["items"] if not r["correct"]][:3]
