@@ -1,7 +1,7 @@
 """Train the `digits` preset: a small Qwen3-MoE (the engine's own architecture) that adds, sorts
 and reverses digits, written through moelab's checkpoint writer into the package.
 
-    PYTHONPATH=src python3 scripts/train_preset.py            # ~15 minutes on one CPU core
+    PYTHONPATH=src python3 scripts/train_preset.py            # ~20 minutes on one (shared) CPU core
     PYTHONPATH=src python3 scripts/train_preset.py --steps 300 --out /tmp/digits   # a quick look
 
 It writes OUT/ (config.json, model.safetensors in bf16, tokenizer.json: `moelab serve --preset
