@@ -30,7 +30,7 @@ def eval_(
     model: str = typer.Option(None, "--model", help="Model name (default: the first one /v1/models lists)."),
     chat: bool = typer.Option(False, "--chat", help="Use /v1/chat/completions (the prompt as one user message)."),
     confidence: float = typer.Option(0.95, "--confidence", help="One-sided confidence of the paired rule."),
-    min_delta: float = typer.Option(0.0, "--min-delta", help="Loss tolerated on top of the noise, as a fraction (0.01 = 1 point)."),
+    min_delta: float = typer.Option(0.0, "--min-delta", help="Loss always tolerated, as a fraction (0.01 = 1 point): delta is the larger of this and the noise band."),
     timeout: float = typer.Option(60.0, "--timeout", help="Seconds per request."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document (every item's answer included)."),
 ) -> None:

@@ -9,8 +9,8 @@ difference is (c - b) / n, the candidate's accuracy minus the reference's. The r
 with z the one-sided normal quantile of the confidence level (1.645 at 95 %). The second term is
 McNemar's test with continuity correction, one-sided: a loss smaller than it is what the
 disagreements alone produce by chance, so it fails only a candidate that is worse with that
-confidence. `min_delta` is a tolerance the user grants on top (vLLM's GSM8K gate grants 0.08,
-FlashInfer's 0.005). At 95 % on 40 items where the runs disagree only by losses:
+confidence. `min_delta` is a loss the user always tolerates, a floor under delta (vLLM's GSM8K
+gate grants 0.08, FlashInfer's 0.005). At 95 % on 40 items where the runs disagree only by losses:
 
     >>> decide([(True, False)] * 4 + [(True, True)] * 36).passed      # 4 lost: -10.0 % >= -10.7 %
     True
