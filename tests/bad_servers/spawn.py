@@ -18,14 +18,20 @@ def _port() -> int:
 
 
 @contextlib.contextmanager
-def serve(mode: str = "healthy", *args: str, script: Path | None = None):
-    """Yield the base URL of a running server; the process is ended (and reaped) on exit."""
+def serve(mode: str = "healthy", *args: str, script: Path | None = None, command: list[str] | None = None,
+          env: dict | None = None, timeout: float = 10.0):
+    """Yield the base URL of a running server; the process is ended (and reaped) on exit.
+
+    `command`: any server's argv instead (`--port N` and `args` are appended) that listens once ready."""
     port = _port()
-    argv = [sys.executable, str(script or HERE / "bad_server.py"), "--port", str(port)]
-    argv += ([] if script else ["--mode", mode]) + list(args)
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    if command:
+        argv = [*command, "--port", str(port), *args]
+    else:
+        argv = [sys.executable, str(script or HERE / "bad_server.py"), "--port", str(port)]
+        argv += ([] if script else ["--mode", mode]) + list(args)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     try:
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + timeout
         while True:
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=0.2).close()

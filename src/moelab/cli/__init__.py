@@ -12,6 +12,7 @@ from moelab.cli import (  # noqa: F401  (imported for their @app.command registr
     demo,
     diagnose,
     doctor,
+    evaluate,
     kernels,
     launch,
     probe,

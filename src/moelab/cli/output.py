@@ -64,11 +64,14 @@ def say_error(message: str, hint: str | None = None, code: int = 2, prog: str | 
         emit_json(error_doc(message, hint, code))
 
 
-def fail(message: str, hint: str | None = None, code: int = 2) -> "NoReturn":  # noqa: F821
-    """Say what was wrong and what to do, then exit non-zero."""
+def fail(message: str, hint: str | None = None, code: int = 2, json_out: bool = False) -> "NoReturn":  # noqa: F821
+    """Say what was wrong and what to do, then exit non-zero; with --json (or json_out) also as one
+    JSON document on stdout ({"error", "hint", "exit_code"}), so a program reading it still parses it."""
     import typer
 
     say_error(message, hint, code)
+    if json_out and not json_mode():
+        emit_json(error_doc(message, hint, code))
     raise typer.Exit(code)
 
 

@@ -28,7 +28,7 @@ def _die(msg: str, code: int, json_out: bool = False) -> "typer.Exit":
 @app.command()
 def serve(
     model_path: Optional[str] = typer.Option(None, "--model-path", help="Hugging Face style Qwen3-MoE directory (config.json + *.safetensors)."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="Seeded random model instead of a directory: tiny (CPU, seconds) or small (Qwen3-30B-A3B layer shapes, 4 layers)."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="A built-in model instead of a directory: tiny (seeded random, CPU, seconds), small (seeded random, Qwen3-30B-A3B layer shapes, 4 layers) or digits (trained: adds, sorts and reverses digits; `moelab eval --task digits`)."),
     served_model_name: Optional[str] = typer.Option(None, "--served-model-name", help="Model id in /v1/models and responses."),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind (loopback unless you say otherwise)."),
     port: int = typer.Option(30000, "--port", help="TCP port."),

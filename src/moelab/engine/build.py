@@ -51,15 +51,15 @@ def load_weights(cfg: ServerConfig, res: Resolved, model_cfg: ModelConfig, devic
     so that every rank holds exactly the numbers of a one-rank launch."""
     dtype, device = getattr(torch, res.dtype), torch.device(device or res.device)
     par = cfg.parallelism
-    if cfg.preset:
+    if cfg.model_dir is None:
         phase("building_weights", f"preset={cfg.preset} seed={cfg.seed} layers={model_cfg.num_hidden_layers} "
               f"params={model_cfg.num_params / 1e6:.2f}M ({model_cfg.num_params * dtype.itemsize / 2**20:.1f} MiB)")
         faults.hit(rank, "building_weights")
         dense, raw = random_weights(model_cfg, cfg.seed, dtype, device, _progress("building_weights"))
     else:
-        phase("loading_weights", f"path={cfg.model_path} layers={model_cfg.num_hidden_layers}")
+        phase("loading_weights", f"path={cfg.model_dir} layers={model_cfg.num_hidden_layers}")
         faults.hit(rank, "loading_weights")
-        _, dense, loaded = load_checkpoint(Path(cfg.model_path), dtype, device, _progress("loading_weights"))
+        _, dense, loaded = load_checkpoint(cfg.model_dir, dtype, device, _progress("loading_weights"))
         if all(w.fmt == res.weight_format for w in loaded):
             return shard_dense(dense, model_cfg, par, rank), [_shard(w, par, rank) for w in loaded]
         raw = [list(w.dequantize(dtype)) for w in loaded]
@@ -95,11 +95,11 @@ def check_parallel(par: Parallelism, mc: ModelConfig, fmt: str) -> None:
 
 def model_config(cfg: ServerConfig) -> tuple[ModelConfig, str]:
     """(model config, expert format the checkpoint stores) without loading any weights."""
-    if cfg.preset:
+    if cfg.model_dir is None:
         return PRESETS[cfg.preset], "bf16"
     from moelab.moe.modelopt import format_from_config
 
-    mc, quant = read_config(Path(cfg.model_path))
+    mc, quant = read_config(cfg.model_dir)
     return mc, format_from_config(quant)
 
 
@@ -154,7 +154,7 @@ def _build(cfg: ServerConfig, mc: ModelConfig, res: Resolved, link, t0: float) -
     if device.startswith("cuda"):
         torch.cuda.set_device(torch.device(device))
     dense, experts = load_weights(cfg, res, mc, device, rank)
-    tok = load_tokenizer(Path(cfg.model_path) if cfg.model_path else None)
+    tok = load_tokenizer(cfg.model_dir)
     tok.model_vocab_size = mc.vocab_size
     info: dict[str, Any] = {"model": cfg.model_name, "resolved": asdict(res), "model_config": asdict(mc),
                             "expert_bytes": sum(w.nbytes() for w in experts)}

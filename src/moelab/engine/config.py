@@ -117,6 +117,11 @@ PRESETS: dict[str, ModelConfig] = {
                          bos_token_id=None, eos_token_id=_EOS, torch_dtype="bfloat16"),
 }
 
+# Trained presets: Hugging Face style directories shipped in the package, loaded like --model-path.
+# digits: adds, sorts and reverses digits (scripts/train_preset.py; `moelab eval --task digits`).
+TRAINED_PRESETS: dict[str, Path] = {"digits": Path(__file__).resolve().parent / "presets" / "digits"}
+PRESET_NAMES = (*PRESETS, *TRAINED_PRESETS)
+
 
 @dataclass(frozen=True)
 class ServerConfig:
@@ -149,9 +154,9 @@ class ServerConfig:
     def __post_init__(self) -> None:
         if (self.model_path is None) == (self.preset is None):
             raise ConfigError("--model-path", "give exactly one of --model-path DIR or --preset "
-                              f"{{{','.join(PRESETS)}}}")
-        if self.preset is not None and self.preset not in PRESETS:
-            raise ConfigError("--preset", f"invalid choice: {self.preset!r} (choose from {', '.join(PRESETS)})")
+                              f"{{{','.join(PRESET_NAMES)}}}")
+        if self.preset is not None and self.preset not in PRESET_NAMES:
+            raise ConfigError("--preset", f"invalid choice: {self.preset!r} (choose from {', '.join(PRESET_NAMES)})")
         if self.model_path is not None and not Path(self.model_path).is_dir():
             raise ConfigError("--model-path", f"{self.model_path!r} is not a directory; give a Hugging Face "
                               "style directory (config.json + *.safetensors) or use --preset tiny")
@@ -194,6 +199,12 @@ class ServerConfig:
     def parallelism(self) -> Parallelism:
         """Ranks and expert groups; --ep-size alone also sets the rank count."""
         return Parallelism(tp=self.tp_size or self.ep_size, ep=self.ep_size)
+
+    @property
+    def model_dir(self) -> Path | None:
+        """Where the weights load from: --model-path, a trained preset's shipped directory, or None
+        for a seeded random preset."""
+        return Path(self.model_path) if self.model_path else TRAINED_PRESETS.get(self.preset or "")
 
     @property
     def weight_format(self) -> str:

@@ -50,8 +50,13 @@ def _alive(p: psutil.Process) -> bool:
 
 
 def _describe(p: psutil.Process) -> str:
+    """`pid 7 (python -m sglang.launch_server --tp 8 ...)`: the program's own name, not its path, so
+    that the arguments which tell workers apart (`--rank 1`) fit in the text."""
     try:
-        return f"pid {p.pid} ({' '.join(p.cmdline())[:80] or p.name()})"
+        argv = p.cmdline()
+        if argv:
+            argv = [os.path.basename(argv[0]), *argv[1:]]
+        return f"pid {p.pid} ({' '.join(argv)[:120] or p.name()})"
     except psutil.Error:
         return f"pid {p.pid}"
 

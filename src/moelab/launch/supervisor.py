@@ -70,6 +70,7 @@ class Supervisor:
         self._gone: set[int] = set()  # tree processes seen to end while the root lived
         self._started: dict[int, float] = {}  # when each tree process was first seen
         self._next_tree_check = 0.0
+        self.settle_s = 3.0  # after a worker's death, how long the engine may take to end itself
         self._pool = cf.ThreadPoolExecutor(2, thread_name_prefix="moelab-http")
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -315,12 +316,18 @@ class Supervisor:
         if v is None:
             return None  # a helper process that ended normally (a compiler, a tokenizer job)
         what = ", ".join(gone.values()) or "a process of the tree (the cgroup counted an OOM kill)"
+        how = " (SIGKILL from the OOM killer)" if ooms or killed else ""  # the kernel's OOM kill is always SIGKILL
         at = 1 if v.evidence and v.evidence[0].kind == "log" else 0  # the log's own root line stays first
-        v.evidence.insert(at, Evidence(kind="tree", text=f"{what} ended while the server process "
+        v.evidence.insert(at, Evidence(kind="tree", text=f"{what} ended{how} while the server process "
                                                          f"(pid {self.tree.root_pid}) was still running"))
         v.evidence.extend(Evidence(kind="kernel_log", text=ln, source="dmesg") for ln in segv[:2])
         v.detail.update(inner_death=True, log_phase=self.log.phase,
                         died_after_s=round(now - self.t0, 3))
+        # an engine that ends itself after a worker died (rank 0 tearing its ranks down) gets a
+        # moment to do so: the verdict is the same, and nothing is left for the teardown to kill
+        settle = time.monotonic() + self.settle_s
+        while self.proc.poll() is None and time.monotonic() < settle:
+            time.sleep(0.1)
         return self._fail(v)
 
     def _log_cause(self, fallback: Verdict | None) -> Verdict | None:
