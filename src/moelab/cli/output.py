@@ -32,10 +32,13 @@ def emit_json(obj: Any) -> None:
     sys.stdout.flush()
 
 
-def fail(message: str, hint: str | None = None, code: int = 2) -> "NoReturn":  # noqa: F821
-    """Say what was wrong and what to do, then exit non-zero."""
+def fail(message: str, hint: str | None = None, code: int = 2, json_out: bool = False) -> "NoReturn":  # noqa: F821
+    """Say what was wrong and what to do, then exit non-zero (with --json: as one JSON object)."""
     import typer
 
+    if json_out:
+        emit_json({"error": message, "hint": hint})
+        raise typer.Exit(code)
     err_console.print(f"[bold red]error:[/] {message}")
     if hint:
         err_console.print(f"[dim]hint:[/] {hint}")
