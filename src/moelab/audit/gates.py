@@ -343,7 +343,7 @@ class Auditor:
                 return ev.invoke(Fn(m, this=ClassRef(cls)), (ev.cap,) if with_cap else (), {})
             pred = Pred(f"{cls.node.name}.{name}()", fn, _return_leaves(m))
             out.append(Point("support", m.module, m.node, (Cond(pred, False),),
-                             f"{cls.node.name}.{name}() is false", f"{cls.node.name}.{name}"))
+                             f"{cls.node.name}.{name}() decides", f"{cls.node.name}.{name}"))
         return out
 
     def decorator_points(self, sym: Symbol) -> list[Point]:
@@ -401,7 +401,7 @@ class Auditor:
                     cls = self.index.resolve(mod.name, v.id, imports)
                     if cls is None or not isinstance(cls.node, ast.ClassDef):
                         continue
-                    for p in [*self.floor_points(cls, mod.where(k)), *self.class_points(cls)]:
+                    for p in [*self.floor_points(cls), *self.class_points(cls)]:
                         yield Candidate(p, (), (mod.where(k),), {flag.name: frozenset([norm(k.value)])})
             if flag.source.class_enum:
                 enum = self.index.resolve_dotted(flag.source.class_enum)
@@ -417,7 +417,7 @@ class Auditor:
                     for p in self.class_points(cls):
                         yield Candidate(p, (), (enum.module.where(s),), {flag.name: frozenset([norm(s.targets[0].id)])})
 
-    def floor_points(self, cls: Symbol, where: str) -> list[Point]:
+    def floor_points(self, cls: Symbol) -> list[Point]:
         out = []
         for name in self.floors:
             m = lookup(self.index, cls, name)
@@ -430,8 +430,10 @@ class Auditor:
                     return U
                 ev.touched += 1
                 return ev.cap.to_int() >= low
+            low = self.evaluator(None, "sm_90").invoke(Fn(m, this=ClassRef(cls)), (), {})
             out.append(Point("floor", m.module, m.node, (Cond(Pred(f"{cls.node.name}.{name}()", fn), False),),
-                             f"{cls.node.name}.{name}() is above the GPU's capability", f"{cls.node.name}.{name}"))
+                             f"{cls.node.name}.{name}() = {low if isinstance(low, int) else '?'}: refused on a "
+                             "GPU below it", f"{cls.node.name}.{name}"))
         return out
 
 

@@ -53,3 +53,34 @@ def lines(a: Audit) -> list[str]:
     else:
         out.append("drift     none: where the source decides, it agrees with engines/support_matrix.yaml")
     return out
+
+
+BY = {"launches": "launches here decide", "source": "the installed source refuses it",
+      "curated": "from the curated matrix", "none": "nothing known"}
+
+
+def knowledge_lines(items) -> list[str]:
+    """`moelab check`'s three kinds of knowledge per backend choice (audit.knowledge.Knowledge)."""
+    out = []
+    for k in items:
+        c, s, ln = k.curated, k.source, k.launches
+        out.append(f"knowledge {k.flag} {k.backend} on {k.arch} ({k.format}): {k.decision} ({BY[k.decided_by]})")
+        out.append(f"            curated   {c.status}" + (f": {c.note}" if c.note else "")
+                   + (f" [{c.source}]" if c.source else ""))
+        if s is None:
+            out.append(f"            source    {k.source_of}")
+        else:
+            word = s.status if s.unconditional else "refused under conditions"
+            out.append(f"            source    {word}" + (f" at {s.at}" if s.at else "")
+                       + (f": {s.message[:120]}" if s.message else "") + f" [{k.source_of}]")
+            for w in s.when[:3]:
+                out.append(f"                      when {w[:160]}")
+        if ln.status == "none":
+            out.append("            launches  none on this arch" + (f" in {ln.store}" if ln.store else " (no store)"))
+        else:
+            parts = [f"ok in trial {', '.join(map(str, ln.ok))}"] if ln.ok else []
+            parts += [f"{cause} in trial {', '.join(map(str, ids))}" for cause, ids in ln.failed.items()]
+            out.append(f"            launches  {ln.status}: {'; '.join(parts)} [{ln.store}]")
+        for d in k.disagreements:
+            out.append(f"          ! {d}")
+    return out
