@@ -106,6 +106,8 @@ def test_sglang_packages_and_timing(sglang):
     # arg_groups/overrides.py: "TRTLLM MLA backend is only supported on Blackwell GPUs (SM100/SM12x)"
     ("--attention-backend", "trtllm_mla", {"sm_100", "sm_103", "sm_120", "sm_121"},
      "sglang/srt/arg_groups/overrides.py:"),
+    # arg_groups/overrides.py _cutedsl_prefill_backend_fill: "CuteDSL MLA ... only supported on ... (SM100)"
+    ("--attention-backend", "cutedsl_mla", {"sm_100", "sm_103"}, "sglang/srt/arg_groups/overrides.py:"),
     # lora/moe/runner.py: "MoE LoRA supports SM90 and SM100 only"
     ("--moe-runner-backend", "lora_triton", {"sm_90", "sm_100", "sm_103"}, "sglang/srt/lora/moe/runner.py:"),
 ])
@@ -125,12 +127,22 @@ def test_sglang_conditional_and_partial_gates(sglang):
     assert mha["sm_120"].status == "allowed" and any("kv_cache_dtype" in w for w in mha["sm_120"].when)
     # attention_registry.py fa3: `assert (major == 8 and not runner.use_mla_backend) or major == 9`
     fa3 = cells(sglang, "--attention-backend", "fa3")
-    assert fa3["sm_90"] == "ok" and fa3["sm_80"] == "ok" and {fa3[a] for a in ARCHS[3:]} == {"x"}
+    assert fa3["sm_90"] == "ok" and fa3["sm_80"] == "x?" and {fa3[a] for a in ARCHS[3:]} == {"x"}
     assert any("use_mla_backend" in w for w in sglang.row("--attention-backend", "fa3").cells["sm_80"].when)
     # quantization floors: get_min_capability() of the registry's config class
     assert cells(sglang, "--quantization", "modelopt_fp8") == only(set(ARCHS) - {"sm_80"})
     assert at(sglang, "--quantization", "modelopt_fp8", "sm_80").startswith(
         "sglang/srt/layers/quantization/modelopt_quant.py:")
+
+
+@pytest.mark.slow
+@needs_sglang
+def test_sglang_fp8_gemm_dispatch_typed_by_its_annotation(sglang):
+    # fp8_utils.py _dispatch_explicit_backend(backend: Fp8GemmRunnerBackend): the parameter holds
+    # --fp8-gemm-backend, so `backend.is_flashinfer_deepgemm()` is that flag's value (SM90 only).
+    assert cells(sglang, "--fp8-gemm-backend", "flashinfer_deepgemm")["sm_90"] == "ok"
+    assert at(sglang, "--fp8-gemm-backend", "flashinfer_deepgemm", "sm_100").startswith(
+        "sglang/srt/layers/quantization/fp8_utils.py:")
 
 
 @pytest.mark.slow

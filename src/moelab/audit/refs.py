@@ -146,7 +146,9 @@ class References:
 
     # -- reading conditions --------------------------------------------------------------------
     def holder_flag(self, name: str | None) -> str | None:
-        """The flag a variable/attribute/getter name holds, by the longest matching holder."""
+        """The flag a variable/attribute/getter name holds, by the longest matching holder; None
+        when a longer match is another flag's own name (prefill_attention_backend is the
+        --prefill-attention-backend flag, not --attention-backend's `attention_backend`)."""
         if not name:
             return None
         best, size = None, 0
@@ -154,6 +156,10 @@ class References:
             for h in f.source.holders:
                 if (name == h or name.endswith("_" + h)) and len(h) > size:
                     best, size = f.name, len(h)
+        for other in self.others:
+            dest = other.lstrip("-").replace("-", "_")
+            if (name == dest or name.endswith("_" + dest)) and len(dest) > size:
+                return None
         return best
 
     def _members(self, e: ast.expr) -> tuple[str, frozenset[str]] | None:
