@@ -2,11 +2,12 @@
 
 A cell is decided by the gates (gates.Gate) of one backend value, as pure functions:
 
-    any gate refuses on this arch               -> refused                 (x)
-    else any gate lets it through               -> allowed                 (ok; ok* when another
-                                                   gate refuses under conditions, listed in when)
-    else some gate refuses under conditions     -> refused, with when     (x?)
-    else                                        -> no gate found           (-)
+    any gate refuses on this arch                  -> refused               x
+    else a gate lets it through: an allow-list     -> allowed               ok  (ok* when another
+      passes, or an arch test that refuses on                                    gate refuses under
+      other archs does not fire here                                             conditions: `when`)
+    else some gate refuses under conditions        -> refused, with `when`  x?
+    else                                           -> no gate found         -
 
 Drift compares definite cells with the curated support matrix (engines/support_matrix.yaml):
 a curated "works" where the source refuses unconditionally, or a curated "fails" where the
@@ -67,6 +68,7 @@ class Drift(BaseModel):
     source: str  # refused | allowed
     at: str | None
     message: str | None = None
+    when: list[str] = Field(default_factory=list)  # allowed, but other gates refuse under these conditions
 
 
 class PackageInfo(BaseModel):
@@ -120,6 +122,8 @@ def _state(f: Finding, arch: str, fmt: str | None) -> str:
     s = f.archs[arch]
     if s == "refused" and (f.formats and fmt is None or f.model):
         return "conditional"  # refused only for the formats or the model the code is about
+    if s == "allowed" and f.kind in ("raise", "assert") and "refused" not in f.archs.values():
+        return "n/a"  # a refusal that happens only under other conditions allows nothing by not firing
     return s
 
 
@@ -169,7 +173,8 @@ def drift(engine: str, audit_rows: list[Row], findings: list[Finding]) -> list[D
             else:
                 continue
             out.append(Drift(flag=row.flag, kind=r.kind, value=row.value, arch=arch, formats=r.formats,
-                             matrix=curated, matrix_source=r.source, source=c.status, at=c.at, message=c.message))
+                             matrix=curated, matrix_source=r.source, source=c.status, at=c.at, message=c.message,
+                             when=sorted({w for x in cells for w in x.when})))
     return out
 
 

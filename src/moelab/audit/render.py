@@ -49,7 +49,9 @@ def lines(a: Audit) -> list[str]:
         for d in a.drift:
             out.append(f"  ! {d.flag} {d.value} on {d.arch} ({', '.join(d.formats)}): matrix says {d.matrix} "
                        f"[{d.matrix_source}]; source {d.source} it at {d.at}"
-                       + (f" ({d.message[:90]})" if d.message else ""))
+                       + (f" ({d.message[:90]})" if d.message else "")
+                       + (f"; still refused under conditions at {', '.join(w.split(': ')[0] for w in d.when)}"
+                          if d.when else ""))
     else:
         out.append("drift     none: where the source decides, it agrees with engines/support_matrix.yaml")
     return out
