@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, NamedTuple
 
 from moelab.audit.profile import Profile
-from moelab.audit.source import Module, SourceIndex, Symbol, import_map, lookup
+from moelab.audit.source import Module, SourceIndex, Symbol, import_map, last_name, lookup
 
 
 class _Unknown:
@@ -130,17 +130,6 @@ def truth(v) -> bool | _Unknown:
         return bool(v)
     except Exception:
         return U
-
-
-def _name(node: ast.AST) -> str | None:
-    """The last identifier of a name, attribute or call: get_moe_runner_backend() -> that."""
-    if isinstance(node, ast.Call):
-        return _name(node.func)
-    if isinstance(node, ast.Attribute):
-        return node.attr
-    if isinstance(node, ast.Name):
-        return node.id
-    return None
 
 
 def dotted(node: ast.AST) -> str | None:
@@ -375,7 +364,7 @@ class Evaluator:
         return None
 
     def call(self, node: ast.Call, frame: Frame):
-        fname = _name(node.func)
+        fname = last_name(node.func)
         prim = self.primitive(fname)
         if prim is not None:
             return prim
@@ -389,7 +378,7 @@ class Evaluator:
             return Facts(self.facts[fname])
         if fname in ("lru_cache", "cache", "wraps") and len(node.args) == 1 and not node.keywords:
             return self.expr(node.args[0], frame)
-        if isinstance(node.func, ast.Call) and _name(node.func.func) in ("lru_cache", "cache", "wraps"):
+        if isinstance(node.func, ast.Call) and last_name(node.func.func) in ("lru_cache", "cache", "wraps"):
             return self.expr(node.args[0], frame) if node.args else U
         if fname == "partial" and node.args:
             f = self.expr(node.args[0], frame)
@@ -464,7 +453,7 @@ class Evaluator:
         cls = f.this.sym if isinstance(f.this, ClassRef) else None
         frame = Frame(f.sym.module, imports, {}, cls)
         params = [*node.args.posonlyargs, *node.args.args]
-        is_static = any(_name(d) == "staticmethod" for d in node.decorator_list)
+        is_static = any(last_name(d) == "staticmethod" for d in node.decorator_list)
         if f.this is not None and params and not is_static:
             frame.locals[params[0].arg] = f.this
             params = params[1:]

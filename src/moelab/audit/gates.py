@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from moelab.audit.evaluate import ARCHS, U, ClassRef, Evaluator, Fn, Frame, truth
 from moelab.audit.profile import Profile
 from moelab.audit.refs import References, norm
-from moelab.audit.source import SourceIndex, Symbol, import_map, lookup
+from moelab.audit.source import SourceIndex, Symbol, import_map, last_name, lookup
 from moelab.audit.walk import Body, Cond, Point, Pred, Site, functions, walk
 
 DEPTH = 3  # calls followed from a backend's region, inside the engine ...
@@ -258,7 +258,7 @@ class Auditor:
         for d in getattr(fn, "decorator_list", []):
             if not isinstance(d, ast.Call):
                 continue
-            dname = d.func.attr if isinstance(d.func, ast.Attribute) else getattr(d.func, "id", None)
+            dname = last_name(d.func)
             sym = self.index.resolve(mod.name, dname) if isinstance(d.func, ast.Name) else None
             params = [a.arg for a in sym.node.args.args] if sym and isinstance(sym.node, ast.FunctionDef) else []
             named = [(params[i] if i < len(params) else None, a) for i, a in enumerate(d.args)]
@@ -353,7 +353,7 @@ class Auditor:
         for d in getattr(sym.node, "decorator_list", []):
             if not isinstance(d, ast.Call):
                 continue
-            dname = d.func.attr if isinstance(d.func, ast.Attribute) else getattr(d.func, "id", None)
+            dname = last_name(d.func)
             if dname in self.arch_lists:
                 ccs = self._ints(d.args[0], sym) if d.args else None
                 if ccs:

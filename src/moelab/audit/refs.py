@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field
 
 from moelab.audit.profile import FlagSource
-from moelab.audit.source import Module, SourceIndex
+from moelab.audit.source import Module, SourceIndex, last_name
 
 
 def norm(v: str) -> str:
@@ -180,7 +180,7 @@ class References:
 
     def enum_flag(self, annotation: ast.expr | None) -> str | None:
         """The flag of a parameter annotated with one of the flags' enums."""
-        name = _ident(annotation) if annotation is not None else None
+        name = last_name(annotation) if annotation is not None else None
         return self.enums[name][0] if name in self.enums else None
 
     def atom(self, node: ast.AST, module: Module, index: SourceIndex, imports: dict, aliases: dict) -> Atom | None:
@@ -213,11 +213,11 @@ class References:
     def _flag_of(self, e: ast.expr, aliases: dict) -> str | None:
         if isinstance(e, ast.Name) and e.id in aliases:
             return aliases[e.id]
-        return self.holder_flag(_ident(e))
+        return self.holder_flag(last_name(e))
 
     def _unique_flag(self, e: ast.expr, strings: list[str]) -> str | None:
         """A `*backend*` name compared with values that only one flag has among its choices."""
-        name = _ident(e) or ""
+        name = last_name(e) or ""
         if "backend" not in name or not strings:
             return None
         owners = {f.name for f in self.flags.values() for s in strings if norm(s) in f.choices}
@@ -254,18 +254,6 @@ def _classes(body):
             yield from _classes(n.body)
 
 
-def _ident(e: ast.expr) -> str | None:
-    if isinstance(e, ast.Call):
-        return _ident(e.func)
-    if isinstance(e, ast.Attribute):
-        return e.attr
-    if isinstance(e, ast.Name):
-        return e.id
-    if isinstance(e, ast.Subscript):
-        return _ident(e.value)
-    return None
-
-
 def _strings(e: ast.expr, module: Module, index: SourceIndex, imports: dict, depth: int = 0) -> list[str] | None:
     """The string constants an expression is, or names (a module-level list/set/tuple)."""
     if isinstance(e, ast.Constant) and isinstance(e.value, str):
@@ -282,7 +270,7 @@ def _strings(e: ast.expr, module: Module, index: SourceIndex, imports: dict, dep
         sym = index.resolve(module.name, e.id, imports)
         if sym is not None and isinstance(sym.node, (ast.Tuple, ast.List, ast.Set)):
             return _strings(sym.node, sym.module, index, {}, depth + 1)
-    if isinstance(e, ast.Call) and _ident(e.func) in ("set", "frozenset", "tuple", "list") and len(e.args) == 1:
+    if isinstance(e, ast.Call) and last_name(e.func) in ("set", "frozenset", "tuple", "list") and len(e.args) == 1:
         return _strings(e.args[0], module, index, imports, depth)
     return None
 
@@ -296,6 +284,6 @@ def _enum_members(c: ast.ClassDef) -> dict[str, str | None]:
             v = s.value
             if isinstance(v, ast.Constant) and isinstance(v.value, str):
                 out[s.targets[0].id] = v.value
-            elif isinstance(v, ast.Call) and _ident(v.func) == "auto":
+            elif isinstance(v, ast.Call) and last_name(v.func) == "auto":
                 out[s.targets[0].id] = None
     return out

@@ -122,6 +122,19 @@ class Module:
         return s if len(s) <= limit else s[: limit - 3] + "..."
 
 
+def last_name(node: ast.AST | None) -> str | None:
+    """The last identifier of a name, attribute, call or subscript: get_moe_runner_backend() -> that."""
+    if isinstance(node, ast.Call):
+        return last_name(node.func)
+    if isinstance(node, ast.Subscript):
+        return last_name(node.value)
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return None
+
+
 def import_map(body, module_name: str, is_package: bool) -> tuple[dict[str, tuple[str, str | None]], list[str]]:
     """Local name -> (module, attribute or None for a module) for the imports among `body`
     (walked to any depth, so the imports inside a function count for that function)."""

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from moelab.audit.evaluate import Frame, Lazy
-from moelab.audit.source import Module, Symbol, import_map
+from moelab.audit.source import Module, Symbol, import_map, last_name
 
 
 @dataclass(eq=False)  # hashed by identity: one scope per walked function
@@ -144,7 +144,7 @@ def walk(fn: ast.AST, module: Module, cls: Symbol | None, flag_of: Callable[[ast
         for n in ast.walk(expr):
             if isinstance(n, ast.Call):
                 body.sites.append(Site(n, conds, scope))
-                name = n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", None)
+                name = last_name(n.func)
                 if name in majors:
                     kw = next((k.value for k in n.keywords if k.arg == majors[name]), None)
                     got = [e.value for e in getattr(kw, "elts", []) if isinstance(e, ast.Constant)]
