@@ -171,7 +171,8 @@ def test_sglang_reaches_into_flashinfer(sglang):
 def test_flashinfer_trtllm_gen_moe_config_is_sm100_family_only():
     """FlashInfer's own trtllm-gen MoE config (fused_moe/api.py TrtllmFp4Config.supported) read by
     the audit's evaluator: the SM100 family (100, 103, 107) only."""
-    from moelab.audit.evaluate import ARCHS as CAPS, ClassRef, Evaluator, Fn
+    from moelab.audit.evaluate import Evaluator
+    from moelab.audit.values import ARCHS as CAPS, ClassRef, Fn
     from moelab.audit.profile import with_libraries
     from moelab.audit.source import SourceIndex, locate, lookup
 

@@ -14,131 +14,18 @@ becomes `get_device_sm() // 10 in [10] and <cuda version> >= (12, 8)`).
 from __future__ import annotations
 
 import ast
-import operator
-from dataclasses import dataclass, field
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable
 
 from moelab.audit.profile import Profile
-from moelab.audit.source import Module, SourceIndex, Symbol, import_map, last_name, lookup
+from moelab.audit.source import SourceIndex, Symbol, import_map, last_name, lookup
+from moelab.audit.values import (
+    ASSUMED_CALLS, ASSUMED_VALUES, BINARY_OPS, BUILTINS, RAISES, STR_METHODS, TYPES, U, assign, Bound, Cap,
+    ClassRef, compare, DictGet, dotted, Facts, Fn, Frame, hashable, Lazy, merge, ModRef, probes_a_package,
+    same, truth,
+)
 
-
-class _Unknown:
-    _inst = None
-
-    def __new__(cls):
-        if cls._inst is None:
-            cls._inst = super().__new__(cls)
-        return cls._inst
-
-    def __repr__(self) -> str:
-        return "UNKNOWN"
-
-
-U = _Unknown()
-
-
-class Cap(NamedTuple):
-    """The GPU's compute capability; compares like the (major, minor) tuple torch returns."""
-
-    major: int
-    minor: int
-
-    def to_int(self) -> int:
-        return self.major * 10 + self.minor
-
-    @property
-    def name(self) -> str:
-        return f"sm_{self.to_int()}"
-
-
-ARCHS = {c.name: c for c in (Cap(8, 0), Cap(8, 9), Cap(9, 0), Cap(10, 0), Cap(10, 3), Cap(12, 0), Cap(12, 1))}
-
-# A current CUDA machine with the engine's dependencies installed (the audit's question is the
-# arch, not the toolkit, the vendor or a missing package).
-ASSUMED_CALLS = {"is_cuda": True, "is_cuda_alike": True, "is_hip": False, "is_rocm": False, "is_npu": False,
-                 "is_xpu": False, "is_cpu": False, "is_musa": False, "is_mps": False, "is_tpu": False,
-                 "is_hpu": False, "is_out_of_tree": False, "is_available": True}
-ASSUMED_VALUES = {"torch.version.cuda": "13.0", "torch.version.hip": None}
-_RAISES = object()  # a path that ends in `raise`: it has no value
-_BUILTINS = {"len": len, "int": int, "str": str, "tuple": tuple, "list": list, "set": set, "frozenset": frozenset,
-             "bool": bool, "min": min, "max": max, "any": any, "all": all, "abs": abs, "sorted": sorted,
-             "map": lambda f, xs: [f(x) for x in xs]}
-_STR_METHODS = {"split", "startswith", "endswith", "strip", "lower", "upper", "replace", "isdigit", "partition"}
-_TYPES = {"tuple": tuple, "int": int, "str": str, "list": list, "dict": dict, "float": float, "bool": bool}
-_CMP = {ast.Eq: operator.eq, ast.NotEq: operator.ne, ast.Lt: operator.lt, ast.LtE: operator.le,
-        ast.Gt: operator.gt, ast.GtE: operator.ge, ast.Is: operator.is_, ast.IsNot: operator.is_not}
-_BIN = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv,
-        ast.Mod: operator.mod, ast.Div: operator.truediv}
 MAX_DEPTH = 5  # helper calls followed into their bodies
 MAX_STEPS = 4000  # statements interpreted for one top-level evaluation
-
-
-@dataclass(frozen=True)
-class Fn:
-    """A function of the source, maybe with bound arguments (functools.partial) or a receiver."""
-
-    sym: Symbol
-    args: tuple = ()
-    kwargs: tuple = ()
-    this: Any = None  # bound self/cls
-
-
-@dataclass(frozen=True)
-class ClassRef:
-    sym: Symbol
-
-
-@dataclass(frozen=True)
-class ModRef:
-    module: Module
-
-
-@dataclass(frozen=True)
-class Facts:
-    """The object an accessor returns (SGLang's get_platform()); its attributes are probes."""
-
-    table: Any  # profile.FactTable
-
-
-@dataclass
-class Lazy:
-    """A local variable bound to an expression, evaluated when read."""
-
-    expr: ast.expr
-    frame: "Frame"
-    item: int | None = None  # the i-th element of a tuple assignment
-
-
-@dataclass
-class Frame:
-    module: Module
-    imports: dict = field(default_factory=dict)  # a function's own imports
-    locals: dict = field(default_factory=dict)
-    cls: Symbol | None = None
-    aliases: dict = field(default_factory=dict)  # local name -> the flag it holds (refs.References)
-
-    def child(self) -> "Frame":
-        return Frame(self.module, self.imports, dict(self.locals), self.cls, self.aliases)
-
-
-def truth(v) -> bool | _Unknown:
-    if v is U:
-        return U
-    if isinstance(v, (Fn, ClassRef, ModRef, Facts, Cap)):
-        return True
-    try:
-        return bool(v)
-    except Exception:
-        return U
-
-
-def dotted(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = dotted(node.value)
-        return f"{base}.{node.attr}" if base else None
-    return None
 
 
 class Evaluator:
@@ -200,7 +87,7 @@ class Evaluator:
             return self.compare(node, frame)
         if isinstance(node, ast.BinOp):
             a, b = self.expr(node.left, frame), self.expr(node.right, frame)
-            op = _BIN.get(type(node.op))
+            op = BINARY_OPS.get(type(node.op))
             if op is None or a is U or b is U:
                 return U
             try:
@@ -211,19 +98,19 @@ class Evaluator:
             t = truth(self.expr(node.test, frame))
             if t is U:
                 a, b = self.expr(node.body, frame), self.expr(node.orelse, frame)
-                return a if _same(a, b) else U
+                return a if same(a, b) else U
             return self.expr(node.body if t else node.orelse, frame)
         if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
             vals = [self.expr(e, frame) for e in node.elts if not isinstance(e, ast.Starred)]
             if any(isinstance(e, ast.Starred) for e in node.elts):
                 return U
             return tuple(vals) if isinstance(node, ast.Tuple) else vals if isinstance(node, ast.List) else \
-                (frozenset(vals) if all(_hashable(v) for v in vals) else vals)
+                (frozenset(vals) if all(hashable(v) for v in vals) else vals)
         if isinstance(node, ast.Dict):
             out = {}
             for k, v in zip(node.keys, node.values):
                 kv = self.expr(k, frame) if k is not None else U
-                if kv is U or not _hashable(kv):
+                if kv is U or not hashable(kv):
                     return U
                 out[kv] = self.expr(v, frame)
             return out
@@ -261,7 +148,7 @@ class Evaluator:
         out = True
         for op, right_node in zip(node.ops, node.comparators):
             right = self.expr(right_node, frame)
-            r = _compare(op, left, right)
+            r = compare(op, left, right)
             if r is U:
                 out = U
             elif not r:
@@ -287,7 +174,7 @@ class Evaluator:
             return ClassRef(sym) if sym is not None and isinstance(sym.node, ast.ClassDef) else U
         sym = self.index.resolve(frame.module.name, name, frame.imports)
         if sym is None:
-            return _BUILTINS.get(name, U)
+            return BUILTINS.get(name, U)
         return self.symbol(sym)
 
     def symbol(self, sym: Symbol):
@@ -316,7 +203,7 @@ class Evaluator:
                 self.touched += 1
                 return getattr(obj, node.attr)
             if node.attr == "to_int":
-                return _Bound(obj.to_int)
+                return Bound(obj.to_int)
             return U
         if isinstance(obj, ModRef):
             sym = self.index.resolve(obj.module.name, node.attr)
@@ -329,10 +216,10 @@ class Evaluator:
             return Fn(v.sym, this=obj) if isinstance(v, Fn) else v
         if isinstance(obj, Facts):
             return self.fact(obj.table, node.attr)
-        if isinstance(obj, str) and node.attr in _STR_METHODS:
-            return _Bound(lambda *a: getattr(obj, node.attr)(*a))
+        if isinstance(obj, str) and node.attr in STR_METHODS:
+            return Bound(lambda *a: getattr(obj, node.attr)(*a))
         if isinstance(obj, dict) and node.attr == "get":
-            return _DictGet(obj)
+            return DictGet(obj)
         return U
 
     def fact(self, table, name: str):
@@ -359,7 +246,7 @@ class Evaluator:
             return self.cap.to_int()
         if fname in self.assumed:
             return self.assumed[fname]
-        if fname and _probes_a_package(fname):
+        if fname and probes_a_package(fname):
             return True  # has_flashinfer_trtllm_fused_moe(), is_flashinfer_available(): installed
         return None
 
@@ -389,7 +276,7 @@ class Evaluator:
         if fname == "isinstance" and len(node.args) == 2:
             v = self.expr(node.args[0], frame)
             names = node.args[1].elts if isinstance(node.args[1], ast.Tuple) else [node.args[1]]
-            types = tuple(_TYPES[n.id] for n in names if isinstance(n, ast.Name) and n.id in _TYPES)
+            types = tuple(TYPES[n.id] for n in names if isinstance(n, ast.Name) and n.id in TYPES)
             if v is U or len(types) != len(names):
                 return U
             return isinstance(v, types) if not isinstance(v, Cap) else tuple in types
@@ -401,21 +288,21 @@ class Evaluator:
         return self.invoke(f, args, kwargs)
 
     def invoke(self, f, args: tuple, kwargs: dict):
-        if isinstance(f, _DictGet):
+        if isinstance(f, DictGet):
             default = args[1] if len(args) > 1 else None
             if not f.d:
                 return default  # an empty registry has nothing for any key
-            if not args or args[0] is U or not _hashable(args[0]):
+            if not args or args[0] is U or not hashable(args[0]):
                 return U
             return f.d.get(args[0], default)
-        if isinstance(f, _Bound):
+        if isinstance(f, Bound):
             if any(a is U for a in args) or kwargs:
                 return U
             try:
                 return f.fn(*args)
             except Exception:
                 return U
-        if callable(f) and not isinstance(f, (Fn, ClassRef)) and f in _BUILTINS.values():
+        if callable(f) and not isinstance(f, (Fn, ClassRef)) and f in BUILTINS.values():
             if any(a is U for a in args) or kwargs:
                 return U
             try:
@@ -442,7 +329,7 @@ class Evaluator:
             out = self.block(node.body, frame)
         finally:
             self.depth -= 1
-        out = U if out is None or out is _RAISES else out
+        out = U if out is None or out is RAISES else out
         if key is not None:
             self._memo[key] = out
         return out
@@ -474,7 +361,7 @@ class Evaluator:
 
     # -- statements (a helper's body) ------------------------------------------------------------
     def block(self, stmts: list[ast.stmt], frame: Frame):
-        """The value a statement list returns: a value, _RAISES, or None (falls through)."""
+        """The value a statement list returns: a value, RAISES, or None (falls through)."""
         for i, s in enumerate(stmts):
             self.steps += 1
             if self.steps > MAX_STEPS:
@@ -482,20 +369,20 @@ class Evaluator:
             if isinstance(s, ast.Return):
                 return self.expr(s.value, frame) if s.value is not None else None
             if isinstance(s, ast.Raise):
-                return _RAISES
+                return RAISES
             if isinstance(s, ast.If):
                 t = truth(self.expr(s.test, frame))
                 if t is U:  # both ways, each with the rest of the block
                     a = self.block([*s.body, *stmts[i + 1:]], frame.child())
                     b = self.block([*s.orelse, *stmts[i + 1:]], frame.child())
-                    return _merge(a, b)
+                    return merge(a, b)
                 r = self.block(s.body if t else s.orelse, frame)
                 if r is not None:
                     return r
             elif isinstance(s, (ast.Assign, ast.AnnAssign)):
                 if s.value is not None:
                     for t in s.targets if isinstance(s, ast.Assign) else [s.target]:
-                        _assign(t, s.value, frame)
+                        assign(t, s.value, frame)
             elif isinstance(s, ast.AugAssign) and isinstance(s.target, ast.Name):
                 frame.locals[s.target.id] = U
             elif isinstance(s, (ast.Try, ast.With)):
@@ -516,87 +403,3 @@ class Evaluator:
         return None
 
 
-@dataclass(frozen=True)
-class _Bound:
-    fn: Callable[[], Any]
-
-
-@dataclass(frozen=True, eq=False)
-class _DictGet:
-    d: dict
-
-
-def _probes_a_package(name: str) -> bool:
-    """has_deep_gemm(), is_flashinfer_available(): the audit asks about a full installation."""
-    if "capab" in name or "device" in name:
-        return False
-    return name.startswith("has_") or name.startswith("is_") and name.endswith("_available")
-
-
-def _assign(target: ast.expr, value: ast.expr, frame: Frame) -> None:
-    if isinstance(target, ast.Name):
-        frame.locals[target.id] = Lazy(value, frame.child())
-    elif isinstance(target, (ast.Tuple, ast.List)):
-        snapshot = frame.child()
-        for i, t in enumerate(target.elts):
-            if isinstance(t, ast.Name):
-                if isinstance(value, (ast.Tuple, ast.List)) and len(value.elts) == len(target.elts):
-                    frame.locals[t.id] = Lazy(value.elts[i], snapshot)
-                else:
-                    frame.locals[t.id] = Lazy(value, snapshot, item=i)
-
-
-def _merge(a, b):
-    if a is _RAISES:
-        return b
-    if b is _RAISES:
-        return a
-    return a if _same(a, b) else U
-
-
-def _same(a, b) -> bool:
-    if a is U or b is U:
-        return False
-    try:
-        return type(a) is type(b) and a == b
-    except Exception:
-        return False
-
-
-def _hashable(v) -> bool:
-    try:
-        hash(v)
-        return True
-    except TypeError:
-        return False
-
-
-def _compare(op: ast.cmpop, a, b):
-    if isinstance(op, (ast.Is, ast.IsNot)) and (a is None or b is None) and (a is not U and b is not U):
-        same = a is b
-        return same if isinstance(op, ast.Is) else not same
-    if isinstance(op, (ast.In, ast.NotIn)):
-        if a is U or b is U or not isinstance(b, (tuple, list, set, frozenset, dict, str)):
-            return U
-        if isinstance(b, str):
-            r = a in b if isinstance(a, str) else U
-        else:
-            items = list(b)
-            hit = any(x is not U and _same_num(a, x) for x in items)
-            r = True if hit else (U if any(x is U for x in items) else False)
-        return r if r is U or isinstance(op, ast.In) else not r
-    if a is U or b is U:
-        return U
-    if isinstance(a, (Fn, ClassRef, ModRef, Facts)) or isinstance(b, (Fn, ClassRef, ModRef, Facts)):
-        return U
-    try:
-        return bool(_CMP[type(op)](a, b))
-    except Exception:
-        return U
-
-
-def _same_num(a, b) -> bool:
-    try:
-        return a == b
-    except Exception:
-        return False

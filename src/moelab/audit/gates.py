@@ -20,10 +20,12 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from moelab.audit.evaluate import ARCHS, U, ClassRef, Evaluator, Fn, Frame, truth
+from moelab.audit.declared import Declarations
+from moelab.audit.evaluate import Evaluator
 from moelab.audit.profile import Profile
 from moelab.audit.refs import References, norm
 from moelab.audit.source import SourceIndex, Symbol, import_map, last_name, lookup
+from moelab.audit.values import ARCHS, U, Frame, truth
 from moelab.audit.walk import Body, Cond, Point, Pred, Site, functions, walk
 
 DEPTH = 3  # calls followed from a backend's region, inside the engine ...
@@ -71,23 +73,19 @@ class Auditor:
         self.index, self.profiles, self.refs, self.scan = index, profiles, refs, scan
         self.engine = profiles[0].packages[0]  # the engine's own package; the others are libraries
         self.majors = {k: v for p in profiles for k, v in p.arch_major_calls.items()}
-        self.arch_lists = {n for p in profiles for n in p.arch_lists}
-        self.links = {n for p in profiles for n in p.requirement_links}
-        self.support = [m for p in profiles for m in p.support_methods]
-        self.cap_preds = [m for p in profiles for m in p.capability_predicates]
-        self.floors = [m for p in profiles for m in p.min_capability]
         self.model_code = [m for p in profiles for m in p.model_code]
         self._bodies: dict[int, Body] = {}
         self._atoms: dict[int, object] = {}
         self._evs: dict = {}
         self._sensitive: dict[int, bool] = {}
         self._reach: dict = {}
+        self.decl = Declarations(index, profiles, self.evaluator)
 
     # -- walking -------------------------------------------------------------------------------
     def body(self, sym: Symbol, cls: Symbol | None = None) -> Body:
         key = id(sym.node)
         if key not in self._bodies:
-            self._bodies[key] = walk(sym.node, sym.module, cls, self.refs._flag_of, self.majors,
+            self._bodies[key] = walk(sym.node, sym.module, cls, self.refs.flag_of, self.majors,
                                      self.refs.enum_flag)
         return self._bodies[key]
 
@@ -235,7 +233,7 @@ class Auditor:
             if flag is None:
                 continue
             for t in self.targets(s):
-                for p in self.decorator_points(t):
+                for p in self.decl.decorator_points(t):
                     yield Candidate(p, s.conds, (mod.where(s.node),), {flag: frozenset(self.refs.flags[flag].choices)},
                                     1, ctx)
 
@@ -243,7 +241,7 @@ class Auditor:
         """The flag an expression is computed from: a holder, an alias, or a local assigned from one."""
         for n in ast.walk(e):
             name = n.id if isinstance(n, ast.Name) else None
-            flag = self.refs._flag_of(n, scope.aliases) if isinstance(n, (ast.Name, ast.Attribute, ast.Call)) else None
+            flag = self.refs.flag_of(n, scope.aliases) if isinstance(n, (ast.Name, ast.Attribute, ast.Call)) else None
             if flag:
                 return flag
             if name and depth < 2:
@@ -302,7 +300,7 @@ class Auditor:
         self._reach[key] = []  # recursion guard
         out: list = []
         if isinstance(sym.node, ast.ClassDef):
-            out += [((), (), p, 0) for p in self.class_points(sym)]
+            out += [((), (), p, 0) for p in self.decl.class_points(sym)]
             init = lookup(self.index, sym, "__init__")
             if init is not None:
                 out += self.reach(Symbol(init.module, init.node), depth, lib_depth)
@@ -310,7 +308,7 @@ class Auditor:
             cls = self._enclosing(sym)
             body = self.body(sym, cls)
             out += [((), (), p, 0) for p in body.points if self.sensitive(p)]
-            out += [((), (), p, 0) for p in self.decorator_points(sym)]
+            out += [((), (), p, 0) for p in self.decl.decorator_points(sym)]
             for s in body.sites:
                 for t in self.targets(s):
                     in_lib = t.module.name.split(".")[0] != self.engine
@@ -329,61 +327,6 @@ class Auditor:
         return self._reach[key].get(id(sym.node))
 
     # -- declared support ------------------------------------------------------------------------
-    def class_points(self, cls: Symbol) -> list[Point]:
-        """Support predicates of a class: `_supports_current_device()`, `supports_compute_capability(c)`."""
-        out = []
-        for name in self.support + self.cap_preds:
-            m = lookup(self.index, cls, name)
-            if m is None or not isinstance(m.node, ast.FunctionDef):
-                continue
-            with_cap = name in self.cap_preds
-
-            def fn(ev, _sel, m=m, with_cap=with_cap):
-                ev.touched += with_cap  # handed the capability: its answer is about the arch
-                return ev.invoke(Fn(m, this=ClassRef(cls)), (ev.cap,) if with_cap else (), {})
-            pred = Pred(f"{cls.node.name}.{name}()", fn, _return_leaves(m))
-            out.append(Point("support", m.module, m.node, (Cond(pred, False),),
-                             f"{cls.node.name}.{name}() decides", f"{cls.node.name}.{name}"))
-        return out
-
-    def decorator_points(self, sym: Symbol) -> list[Point]:
-        """`@supported_compute_capability([100, 103])` on a function, or on the checks that
-        `@backend_requirement({...}, common_check=...)` names."""
-        out = []
-        for d in getattr(sym.node, "decorator_list", []):
-            if not isinstance(d, ast.Call):
-                continue
-            dname = last_name(d.func)
-            if dname in self.arch_lists:
-                ccs = self._ints(d.args[0], sym) if d.args else None
-                if ccs:
-                    out.append(Point("arch_list", sym.module, d, (Cond(_in_list(ccs), False),),
-                                     f"{sym.node.name} runs on compute capability {ccs}", sym.node.name))
-            elif dname in self.links:
-                checks = {}
-                if d.args and isinstance(d.args[0], ast.Dict):
-                    checks = {k.value: v for k, v in zip(d.args[0].keys, d.args[0].values)
-                              if isinstance(k, ast.Constant) and isinstance(k.value, str)}
-                common = next((k.value for k in d.keywords if k.arg == "common_check"), None)
-                for label, check in [*checks.items(), ("", common)]:
-                    if check is None:
-                        continue
-                    t = self.index.resolve(sym.module.name, check.id) if isinstance(check, ast.Name) else None
-                    if t is not None and isinstance(t.node, ast.FunctionDef):
-                        for q in self.decorator_points(t):
-                            if label:  # only for the backend whose key this is
-                                q = Point(q.kind, q.module, q.node, (Cond(_for_backend(label, sym), True), *q.conds),
-                                          f"{sym.node.name}(backend={label!r}): {q.message}", q.owner)
-                            out.append(q)
-        return out
-
-    def _ints(self, e: ast.expr, sym: Symbol) -> list[int] | None:
-        ev = self.evaluator(None, "sm_90")
-        v = ev.value(e, Frame(sym.module))
-        if isinstance(v, (list, tuple, set, frozenset)) and v and all(isinstance(x, int) for x in v):
-            return sorted(v)
-        return None
-
     def declared(self):
         """Registries (value -> class) and class enums (member -> class path) of the flags."""
         for flag in self.refs.flags.values():
@@ -401,7 +344,7 @@ class Auditor:
                     cls = self.index.resolve(mod.name, v.id, imports)
                     if cls is None or not isinstance(cls.node, ast.ClassDef):
                         continue
-                    for p in [*self.floor_points(cls), *self.class_points(cls)]:
+                    for p in [*self.decl.floor_points(cls), *self.decl.class_points(cls)]:
                         yield Candidate(p, (), (mod.where(k),), {flag.name: frozenset([norm(k.value)])})
             if flag.source.class_enum:
                 enum = self.index.resolve_dotted(flag.source.class_enum)
@@ -414,28 +357,8 @@ class Auditor:
                     cls = self.index.resolve_dotted(path) if isinstance(path, str) else None
                     if cls is None or not isinstance(cls.node, ast.ClassDef):
                         continue
-                    for p in self.class_points(cls):
+                    for p in self.decl.class_points(cls):
                         yield Candidate(p, (), (enum.module.where(s),), {flag.name: frozenset([norm(s.targets[0].id)])})
-
-    def floor_points(self, cls: Symbol) -> list[Point]:
-        out = []
-        for name in self.floors:
-            m = lookup(self.index, cls, name)
-            if m is None or not isinstance(m.node, ast.FunctionDef):
-                continue
-
-            def fn(ev, _sel, m=m):
-                low = ev.invoke(Fn(m, this=ClassRef(cls)), (), {})
-                if not isinstance(low, int):
-                    return U
-                ev.touched += 1
-                return ev.cap.to_int() >= low
-            low = self.evaluator(None, "sm_90").invoke(Fn(m, this=ClassRef(cls)), (), {})
-            out.append(Point("floor", m.module, m.node, (Cond(Pred(f"{cls.node.name}.{name}()", fn), False),),
-                             f"{cls.node.name}.{name}() = {low if isinstance(low, int) else '?'}: refused on a "
-                             "GPU below it", f"{cls.node.name}.{name}"))
-        return out
-
 
 _FORMATS = (("mxfp4", "mxfp4"), ("mxfp8", "mxfp8"), ("nvfp4", "nvfp4"), ("fp4", "nvfp4"), ("fp8", "fp8"),
             ("w4a16", "int4"), ("wna16", "int4"), ("int4", "int4"), ("awq", "int4"), ("gptq", "int4"))
@@ -455,30 +378,3 @@ def formats_in(names: str) -> frozenset[str]:
 def cond_text(c: Cond) -> str:
     text = c.test.text if isinstance(c.test, Pred) else c.scope.module.segment(c.test, 120)
     return text if c.positive else f"not ({text})"
-
-
-def _in_list(ccs: list[int]) -> Pred:
-    def fn(ev, _sel):
-        ev.touched += 1
-        return ev.cap.to_int() in ccs
-    return Pred(f"capability in {ccs}", fn)
-
-
-def _for_backend(label: str, sym: Symbol) -> Pred:
-    """True when the selected value is this check's backend: "cudnn" for flashinfer_cudnn."""
-    lib = sym.module.name.split(".")[0]
-
-    def fn(_ev, sel):
-        if sel is None:
-            return U
-        def bare(x: str) -> str:
-            return norm(x).replace("_", "")
-        v = bare(sel[1])
-        return v == bare(label) or v == bare(lib) + bare(label)
-    return Pred(f"backend {label!r}", fn)
-
-
-def _return_leaves(m: Symbol) -> tuple:
-    body = [s for s in m.node.body if not (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))]
-    ret = body[-1].value if body and isinstance(body[-1], ast.Return) else None
-    return (ret,) if ret is not None else ()

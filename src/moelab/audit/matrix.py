@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, Field
 
-from moelab.audit.evaluate import ARCHS, U
+from moelab.audit.values import ARCHS, U
 
 ALLOWED, REFUSED, NO_GATE = "allowed", "refused", "no gate found"
 

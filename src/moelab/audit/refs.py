@@ -193,7 +193,7 @@ class References:
         if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)) \
                 and isinstance(left, ast.Constant) and isinstance(left.value, str):
             # "trtllm_mha" in (prefill_backend, decode_backend)
-            flags = {self._flag_of(e, aliases) for e in right.elts}
+            flags = {self.flag_of(e, aliases) for e in right.elts}
             if len(flags) == 1 and None not in flags:
                 return self._string_atom(flags.pop(), [left.value], negate)
             return None
@@ -205,12 +205,12 @@ class References:
             strings = _strings(b, module, index, imports)
             if strings is None:
                 continue
-            flag = self._flag_of(a, aliases) or self._unique_flag(a, strings)
+            flag = self.flag_of(a, aliases) or self._unique_flag(a, strings)
             if flag is not None:
                 return self._string_atom(flag, strings, negate)
         return None
 
-    def _flag_of(self, e: ast.expr, aliases: dict) -> str | None:
+    def flag_of(self, e: ast.expr, aliases: dict) -> str | None:
         if isinstance(e, ast.Name) and e.id in aliases:
             return aliases[e.id]
         return self.holder_flag(last_name(e))
@@ -235,7 +235,7 @@ class References:
         cands = self.predicates.get(node.func.attr)
         if not cands:
             return None
-        flag = self._flag_of(node.func.value, aliases)
+        flag = self.flag_of(node.func.value, aliases)
         pick = [c for c in cands if c[0] == flag] if flag else cands
         flags = {c[0] for c in pick}
         if len(flags) != 1:

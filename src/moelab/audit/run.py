@@ -13,7 +13,7 @@ import re
 import time
 from pathlib import Path
 
-from moelab.audit.evaluate import ARCHS
+from moelab.audit.values import ARCHS
 from moelab.audit.gates import Auditor
 from moelab.audit.matrix import Audit, Finding, PackageInfo, drift, rows, verdict_word
 from moelab.audit.profile import Profile, with_libraries

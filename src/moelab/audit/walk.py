@@ -20,7 +20,7 @@ import ast
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from moelab.audit.evaluate import Frame, Lazy
+from moelab.audit.values import Frame, Lazy
 from moelab.audit.source import Module, Symbol, import_map, last_name
 
 

@@ -47,11 +47,11 @@ def _installed(python: str | None) -> str:
 
     for name in ENGINES.names():
         adapter = ENGINES.create(name)
-        if adapter.source_profile() is None:
+        profile, py = adapter.source_profile(), python or adapter.engine_python()
+        if profile is None or py is None:
             continue
-        py = python or adapter.engine_python()
         try:
-            if py and load(adapter.source_profile()).packages[0] in locate(py, load(name).packages):
+            if load(profile).packages[0] in locate(py, load(profile).packages):
                 return name
         except RuntimeError as e:
             raise AuditError(str(e)) from None
