@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from moelab.cli.app import app
 from moelab.cli import (  # noqa: F401  (imported for their @app.command registrations)
+    audit,
     bench,
     check,
     demo,

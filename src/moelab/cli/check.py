@@ -1,7 +1,9 @@
 """`moelab check [--gpu sm_120 --gpu-memory 96GB --gpus 8] -- ENGINE COMMAND LINE`.
 
 Says, before anything runs, what the engine's flag catalogue, the support matrix and the memory
-forecast make of a command line, each with its source. Exit 1 when something will fail.
+forecast make of a command line, each with its source, and for each backend choice the curated
+matrix, the installed source (`moelab audit`) and this machine's launches (--store) side by side,
+launches winning where they disagree. Exit 1 when something will fail.
 Without --gpu the hardware is this machine's (NVML), or `cpu` when it has no GPU.
 """
 from __future__ import annotations
@@ -54,6 +56,8 @@ def check(
     gpu_memory: str = typer.Option(None, "--gpu-memory", help="Memory per GPU, e.g. 96GB or 80GiB."),
     gpus: int = typer.Option(None, "--gpus", help="Number of GPUs on the target machine."),
     host_memory: str = typer.Option(None, "--host-memory", help="Host RAM limit to check loading against."),
+    store: str = typer.Option(None, "--store", help="Results store whose launches weigh in "
+                                                    "(default: $MOELAB_STORE or ~/.cache/moelab/store.db)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
     """Check an engine command line (after --) against flags, support matrix and memory forecast."""
@@ -70,6 +74,13 @@ def check(
     except ValueError as e:
         fail(str(e))
     rep = check_command(engine, args, hwd, env)
+    from pathlib import Path
+
+    from moelab.audit.knowledge import default_store, weigh
+    from moelab.engines.preflight import decide
+
+    rep.knowledge = weigh(rep, Path(store) if store else default_store())  # launches win over source and matrix
+    rep.verdict = decide(rep)
     if json_out:
         emit_json(rep)
     else:
@@ -96,6 +107,10 @@ def _print(rep) -> None:
     say("flags     " + ("all known to this version" if not rep.flag_problems else "PROBLEMS"))
     for p in rep.flag_problems:
         say(f"  x {p.message[:300]}")
+    from moelab.audit.render import knowledge_lines
+
+    for line in knowledge_lines(rep.knowledge):
+        say(line)
     for s in rep.support:
         mark = {"yes": "ok", "no": "x ", "caveat": "! ", "unknown": "? "}[s.status]
         say(f"support   {mark} {s.kind} {s.backend} on {s.arch} ({s.format})" + (f": {s.note}" if s.note else ""))

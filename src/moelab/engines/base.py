@@ -92,6 +92,14 @@ class EngineAdapter(ABC):
         accept everything. MOELAB_NO_FLAG_CHECK=1 turns the check off (the engine then decides)."""
         return None
 
+    def source_profile(self) -> str | None:
+        """The profile `moelab audit` reads this engine's source with (engines/sources/<name>.yaml)."""
+        return self.name if (Path(__file__).parent / "sources" / f"{self.name}.yaml").exists() else None
+
+    def engine_python(self) -> str | None:
+        """The interpreter this engine is installed for here (the audit reads its source), or None."""
+        return None
+
     def rules_path(self) -> Path | None:
         """This engine's diagnosis rule file (diagnose/rules/<name>.yaml) if it has one."""
         p = Path(__file__).parent.parent / "diagnose" / "rules" / f"{self.name}.yaml"

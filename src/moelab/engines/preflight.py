@@ -12,6 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from moelab.audit.knowledge import Knowledge
 from moelab.engines import ENGINES
 from moelab.engines.flags import FlagProblem, parse_args
 from moelab.engines.support import Support, check_flags, format_of, rows
@@ -49,6 +50,8 @@ class CheckReport(BaseModel):
     model_error: str | None = None
     forecast: Forecast | None = None
     verdict: Verdict
+    # curated matrix, installed source and this machine's launches per backend choice
+    knowledge: list[Knowledge] = Field(default_factory=list)
 
 
 def split_command(argv: list[str]) -> tuple[str, dict[str, str], list[str]]:
@@ -128,6 +131,11 @@ def check_command(engine: str, args: list[str], hw: Hardware, env: dict[str, str
             cpu_kv_bytes=int(kv_space * GiB) if kv_space else None)
     rep.verdict = _verdict(rep, fmt)
     return rep
+
+
+def decide(rep: CheckReport) -> Verdict:
+    """The report's verdict again, after its support entries changed (launches weighed in)."""
+    return _verdict(rep, rep.verdict.detail.get("format", "bf16"))
 
 
 def _verdict(rep: CheckReport, fmt: str) -> Verdict:

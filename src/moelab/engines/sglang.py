@@ -85,6 +85,10 @@ class SglangAdapter(CataloguedAdapter):
         found = find_sglang()
         return found[1] if found else None
 
+    def engine_python(self) -> str | None:
+        found = find_sglang()
+        return found[0] if found else None
+
     def model_path(self, args: list[str]) -> str | None:
         from moelab.engines.flags import parse_args
 

@@ -97,6 +97,10 @@ class VllmAdapter(CataloguedAdapter):
         inst = find_vllm()
         return inst.version if inst else None
 
+    def engine_python(self) -> str | None:
+        inst = find_vllm()
+        return inst.python if inst else None
+
     def model_path(self, args: list[str]) -> str | None:
         """The model: first positional after `serve`, or --model."""
         args = _strip_prefix(args)
