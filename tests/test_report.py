@@ -93,6 +93,30 @@ def test_report_cli_json_and_errors(tmp_path):
     assert report_data(tmp_path / "s.db")["causes"] == {"ok": 3, "garbage_output": 1, "bad_args": 2}
 
 
+def test_the_matrix_never_hides_a_failure_behind_a_cell_that_worked(tmp_path):
+    spec = {**SPEC, "axes": {**SPEC["axes"], "--attention-backend": ["fa3", "flashinfer"]}}
+    rows = [("fa3", "ok", 900.0), ("flashinfer", "illegal_memory_access", None)]
+    with Store(tmp_path / "s.db") as st:
+        sid, _ = st.open_study("third-axis", spec, FP)
+        for i, (attn, cause, tps) in enumerate(rows):
+            flags = {"--moe-runner-backend": "grouped", "--quantization": "none", "--attention-backend": attn}
+            tid = st.begin_trial(sid, seq=i, stage="screen", rep=0, label=f"attention={attn}", key=f"k{i}",
+                                 engine="embedded", model="tiny", changes=[[k, v] for k, v in flags.items()],
+                                 flags=flags, args=[], env={}, fingerprint=FP)
+            st.finish_trial(tid, status="done", verdict={"cause": cause, "phase": "load", "evidence": []},
+                            metrics=_points(tps) if tps else None)
+        st.finish_study(sid, None)
+    data = report_data(tmp_path / "s.db")
+    cell = data["matrix"]["cells"]["grouped|none"]
+    assert (cell["cause"], cell["n"], cell["ok"]) == ("ok", 2, 1)
+    assert cell["failures"] == {"illegal_memory_access": [2]}
+    md = write_reports(tmp_path / "s.db", md=tmp_path / "r.md") and (tmp_path / "r.md").read_text()
+    assert "ok 900 tok/s [1/2 ok]; also illegal_memory_access x1 (trial 2)" in md
+    assert "best of its trials over --attention-backend" in md
+    write_reports(tmp_path / "s.db", html=tmp_path / "r.html")
+    assert "also illegal_memory_access x1 (trial 2)" in (tmp_path / "r.html").read_text()
+
+
 def chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser")
 

@@ -30,7 +30,7 @@ def write_study(tmp_path: Path, **kw) -> Path:
                     "--batch": {"low": 2, "high": 8, "step": 2}},
            "reference": {"--backend": "slow", "--quant": "none"},
            "workload": {"concurrency": [1, 4], "input_len": 8, "output_len": 6, "num_prompts": 6},
-           "staged": {"tune_trials": 2, "finalists": 2, "repeats": 2}, "launch": {"timeout_s": 30}}
+           "staged": {"tune_trials": 2, "finalists": 2, "repeats": 2, "bench_in_screen": False}, "launch": {"timeout_s": 30}}
     doc.update(kw)
     p = tmp_path / "study.yaml"
     p.write_text(yaml.safe_dump(doc))
@@ -159,3 +159,23 @@ def test_bad_study_file_is_refused_with_the_key(tmp_path):
     r = subprocess.run(study_cmd(tmp_path / "none.yaml", tmp_path / "s.db"), capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "no study file" in r.stderr
     assert os.path.exists(tmp_path / "s.db") is False
+
+
+def test_a_budget_that_stops_the_plan_is_said_loudly_and_the_finalists_still_run(tmp_path):
+    path = write_study(tmp_path, strategy="grid", axes={"--quant": ["none", "q8"], "--batch": [2, 4, 6]},
+                       reference=None, budget={"trials": 3}, staged={"finalists": 1, "repeats": 2})
+    store = tmp_path / "s.db"
+    dry = subprocess.run([sys.executable, "-m", "moelab.cli", "study", str(path), "--store", str(store), "--dry-run"],
+                         capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0 and "the budget stops it" in dry.stdout and not store.exists()
+    r = subprocess.run(study_cmd(path, store), capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "the plan has up to" in r.stderr and "budget.trials is 3" in " ".join(r.stderr.split())
+    s = json.loads(r.stdout)
+    assert s["status"] == "budget" and "trial budget is spent" in s["budget"]
+    assert [t["stage"] for t in s["trials"]].count("grid") == 3
+    final = [t for t in s["trials"] if t["stage"] == "final"]
+    assert final and s["recommendation"]["n"] >= 2  # measured again past the budget, never a lone sample
+    md = subprocess.run([sys.executable, "-m", "moelab.cli", "report", str(store)], capture_output=True, text=True,
+                        timeout=60).stdout
+    assert "STOPPED BY THE BUDGET" in md

@@ -70,6 +70,23 @@ def print_summary(summary: dict) -> None:
         console.print(f"bisect: {b['note']}", markup=False)
 
 
+def print_plan(st, steps, most: int) -> None:
+    from moelab.cli.output import console
+    from moelab.study import planner
+
+    console.print(f"plan of {st.name} ({st.strategy}); nothing launched, no store touched", highlight=False)
+    for x in steps:
+        console.print(f"  {x.stage:<10} {x.launches:>5}  {x.how}", highlight=False, soft_wrap=True)
+    console.print(f"  {'total':<10} {most:>5}  launches at most (pruning and reuse lower it); budget.trials "
+                  f"{st.budget.trials}, budget.time_s {st.budget.time_s:g}", highlight=False, soft_wrap=True)
+    if most > st.budget.trials:
+        console.print(f"  [bold yellow]the budget stops it {most - st.budget.trials} launches short[/] "
+                      "(the finalists are still measured)", soft_wrap=True)
+    full = planner.grid_size(st)
+    if st.strategy != "grid" and st.axes:
+        console.print(f"  every combination of every axis would be {full:,} launches", highlight=False)
+
+
 @app.command()
 def study(
     file: Path = typer.Argument(..., help="Study file (YAML): engine, model, base flags, axes, workload, SLOs."),
@@ -79,6 +96,8 @@ def study(
     api_key: str = typer.Option(None, "--api-key", help="API key the servers want, sent as a bearer token "
                                 "(default: the engine's own --api-key in base, $MOELAB_API_KEY, $OPENAI_API_KEY)."),
     json_out: bool = typer.Option(False, "--json", help="Print the study summary as one JSON document."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (stages, launches at most, the budget) "
+                                 "and exit; nothing is launched and the store is not touched."),
 ) -> None:
     """Run a study: screen, benchmark and tune engine flags; every trial gets a verdict. Resumable."""
     from moelab.cli.output import emit_json, fail
@@ -93,6 +112,26 @@ def study(
     if bad:
         fail(f"{file}: the {st.engine} engine installed here does not accept {', '.join(bad)}",
              f"check the spelling against `{st.engine} --help` (flags keep the engine's own names)")
+    from moelab.study import planner
+
+    steps = planner.plan(st)
+    most = sum(x.launches for x in steps)
+    over = most - st.budget.trials if most > st.budget.trials else 0
+    if dry_run:
+        if json_out:
+            emit_json({"study": st.name, "strategy": st.strategy, "launches_at_most": most,
+                       "budget": st.budget.model_dump(), "budget_stops_short_by": over,
+                       "full_grid": planner.grid_size(st),
+                       "steps": [x.__dict__ for x in steps]})
+        else:
+            print_plan(st, steps, most)
+        raise typer.Exit(0)
+    if over:
+        from moelab.cli.output import err_console
+
+        err_console.print(f"[bold yellow]budget:[/] the plan has up to {most} launches but budget.trials is "
+                          f"{st.budget.trials}: the study stops {over} short of its plan (the finalists are "
+                          f"still measured); raise budget.trials to run it all", soft_wrap=True)
     store = store or file.with_suffix(".db")
     from moelab.store import StoreError
 

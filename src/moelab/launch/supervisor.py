@@ -392,6 +392,10 @@ class Supervisor:
         elif v is None:
             v = self._final_ok()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        from moelab.diagnose.tailor import tailor
+
+        if v.advice:  # never advise the value this launch already used
+            v = v.model_copy(update={"advice": tailor(v.advice, self.spec.args)})
         self.result = trial.finish(self.dir, v, self.notes, url=self.url, model=self.model, timings=self.timings,
                                    telemetry={**(self.sampler.summary() if self.sampler else {}),
                                               "cgroup": self.cgroup.note if self.cgroup else None},

@@ -23,30 +23,75 @@ def _show(v) -> str:
 
 
 def matrix(study: dict, trials: list[dict]) -> dict | None:
-    """Verdicts over the first two categorical axes (rows x columns), numeric knobs at base."""
+    """Verdicts over the first two categorical axes (rows x columns), over every value of the other
+    axes: each cell holds its best trial (the fastest that worked, else the most telling failure)
+    and every failure in it counted by cause, so a cell that worked somewhere never hides a
+    configuration of the same pair that died."""
     axes = [k for k, v in (study.get("axes") or {}).items() if isinstance(v, list)]
     if not axes:
         return None
     rows_axis, cols_axis = axes[0], (axes[1] if len(axes) > 1 else None)
     rows = [_show(v) for v in study["axes"][rows_axis]]
     cols = [_show(v) for v in study["axes"][cols_axis]] if cols_axis else ["-"]
-    cells: dict[str, dict] = {}
-    ranked = sorted((t for t in trials if t["status"] != "interrupted"),
-                    key=lambda t: STAGE_ORDER.index(t["stage"]) if t["stage"] in STAGE_ORDER else 99)
-    for t in ranked:
+    groups: dict[str, list[dict]] = {}
+    for t in trials:
+        if t["status"] in ("interrupted", "running") or t["stage"] == "reference":
+            continue
         f = t.get("flags") or {}
         r, c = _show(f.get(rows_axis)), (_show(f.get(cols_axis)) if cols_axis else "-")
-        if r in rows and c in cols and f"{r}|{c}" not in cells:
-            cells[f"{r}|{c}"] = {"cause": t["cause"], "status": t["status"], "trial": t["id"],
-                                 "tps": (stats.primary(t.get("metrics")) or {}).get("output_tps")}
-    # a benchmarked throughput is shown in the cell even when the matrix cell came from the screen
-    for t in trials:
-        f = t.get("flags") or {}
-        key = f"{_show(f.get(rows_axis))}|{_show(f.get(cols_axis)) if cols_axis else '-'}"
-        p = stats.primary(t.get("metrics"))
-        if key in cells and p and cells[key]["tps"] is None and t["cause"] == "ok":
-            cells[key]["tps"] = p.get("output_tps")
-    return {"rows_axis": rows_axis, "cols_axis": cols_axis, "rows": rows, "cols": cols, "cells": cells}
+        if r in rows and c in cols:
+            groups.setdefault(f"{r}|{c}", []).append(t)
+    cells: dict[str, dict] = {}
+    for key, ts in groups.items():
+        ok = [t for t in ts if t["cause"] == "ok"]
+        tps = lambda t: (stats.primary(t.get("metrics")) or {}).get("output_tps")  # noqa: E731
+        measured = [t for t in ok if tps(t) is not None]
+        bad = [t for t in ts if t["cause"] != "ok"]
+        launched_bad = [t for t in bad if t["status"] == "done"]
+        best = max(measured, key=tps) if measured else (ok[0] if ok else (launched_bad or bad)[0])
+        failures: dict[str, list[int]] = {}
+        for t in bad:
+            failures.setdefault(t["cause"], []).append(t["id"])
+        cells[key] = {"cause": best["cause"], "status": best["status"], "trial": best["id"],
+                      "tps": tps(best) if best["cause"] == "ok" else None, "n": len(ts), "ok": len(ok),
+                      "failures": failures}
+    return {"rows_axis": rows_axis, "cols_axis": cols_axis, "rows": rows, "cols": cols, "cells": cells,
+            "others": axes[2:] + [k for k, v in (study.get("axes") or {}).items() if not isinstance(v, list)]}
+
+
+def failures_text(x: dict) -> str:
+    """`illegal_memory_access x2 (trials 12, 19)`: a cell's failures, in words."""
+    return "; ".join(f"{c} x{len(ids)} (trial{'s' if len(ids) > 1 else ''} {', '.join(map(str, ids[:4]))}"
+                     f"{', ...' if len(ids) > 4 else ''})" for c, ids in sorted(x.get("failures", {}).items()))
+
+
+def search_lines(study: dict) -> list[str]:
+    """How the study searched, in sentences: what a budget stopped, which flag values were pruned
+    and by what evidence, which numeric knobs mattered at which load."""
+    extra = study.get("extra") or {}
+    out = []
+    if extra.get("budget"):
+        out.append(f"STOPPED BY THE BUDGET: {extra['budget']}; the finalists were still measured.")
+    if extra.get("launches") is not None:
+        out.append(f"{extra['launches']} launches.")
+    sc = extra.get("screen") or {}
+    if sc.get("mode") == "one-factor" and sc.get("best_values"):
+        best = "; ".join(f"{k} {', '.join(map(str, v))}" for k, v in sc["best_values"].items())
+        out.append(f"Screen: one factor at a time, each axis beside the best configuration so far; best values "
+                   f"combined: {best}.")
+    for b in extra.get("blamed") or []:
+        out.append(f"Pruned {b['flag']} {b['value']} ({b['cause']}, trial {b['trial']}): {b['why']}.")
+    for tu in extra.get("tuning") or []:
+        parts = []
+        for knob, k in (tu.get("knobs") or {}).items():
+            eff = ", ".join(f"{share:.0%} at concurrency {c}" for c, share in
+                            sorted((k.get("effect") or {}).items(), key=lambda x: int(x[0])))
+            state = "flat at this load, left as it was" if k.get("flat") else f"best {k.get('best')}"
+            fails = ", ".join(f"{v}: {c}" for v, c in (k.get("failed") or {}).items())
+            parts.append(f"{knob}: {state}" + (f" (moved throughput {eff})" if eff else "")
+                         + (f"; not usable at {fails}" if fails else ""))
+        out.append(f"Tuned {tu['survivor']} in {tu['launches']} launches: " + "; ".join(parts) + ".")
+    return out
 
 
 def short_label(t: dict, categorical: set[str]) -> str:
@@ -90,4 +135,4 @@ def build(store, study_id: int | None = None) -> dict:
     bisect = s["spec"].get("strategy") == "bisect"  # a bisect explains one failure; it recommends nothing
     return {"study": s, "trials": trials, "recommendation": None if bisect else stats.recommend(finished, slo, base),
             "ranked": stats.ranked(finished, slo, base), "configs": stats.by_config(finished, slo), "slo": slo,
-            "matrix": matrix(s["spec"], trials), "curves": cv, "pareto": stats.pareto(points), "causes": counts}
+            "matrix": matrix(s["spec"], trials), "search": search_lines(s), "curves": cv, "pareto": stats.pareto(points), "causes": counts}

@@ -9,11 +9,12 @@ from __future__ import annotations
 import re
 from html import escape
 
-from moelab.report.build import COLOURS
+from moelab.report.build import COLOURS, failures_text
 from moelab.report.svg import tradeoff
 from moelab.study.stats import interval_text, primary, tie_sentence
 
-CSS = """
+CSS = """li.budget{color:#b00;font-weight:bold}
+
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;color:#1d2330;margin:0;background:#f4f5f7}
 main{max-width:1080px;margin:0 auto;padding:24px 28px 60px}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:30px 0 10px;border-bottom:1px solid #dde;padding-bottom:4px}
@@ -68,6 +69,13 @@ def _bisect(b: dict | None) -> str:
     return f"<div class='card' style='border-left:6px solid #d23c3c'>{body}</div>"
 
 
+def _search(lines: list[str]) -> str:
+    if not lines:
+        return ""
+    items = "".join(("<li class='budget'>" if x.startswith("STOPPED") else "<li>") + escape(x) + "</li>" for x in lines)
+    return f"<h2>How the study searched</h2><ul class='search'>{items}</ul>"
+
+
 def _matrix(m: dict | None) -> str:
     if not m:
         return ""
@@ -82,13 +90,21 @@ def _matrix(m: dict | None) -> str:
                 continue
             sub = [f"trial {x['trial']}"] + (["pruned"] if x["status"] == "pruned" else []) + \
                   (["reused"] if x["status"] == "reused" else []) + \
-                  ([f"{x['tps']:.0f} tok/s"] if x.get("tps") is not None else [])
+                  ([f"{x['tps']:.0f} tok/s"] if x.get("tps") is not None else []) + \
+                  ([f"{x['ok']}/{x['n']} ok"] if x.get("n", 1) > 1 else [])
+            also = ""
+            if x["cause"] == "ok" and x.get("failures"):  # never hide a failure behind a cell that worked
+                worst = sorted(x["failures"])[0]
+                also = (f"<small class='also' style='border-left:6px solid {COLOURS.get(worst, '#999')}'>also "
+                        f"{escape(failures_text(x))}</small>")
             tds.append(f"<td class='{escape(x['status'])}' style='background:{COLOURS.get(x['cause'] or '', '#999')}'>"
-                       f"{escape(x['cause'] or '?')}<small>{escape(', '.join(sub))}</small></td>")
+                       f"{escape(x['cause'] or '?')}<small>{escape(', '.join(sub))}</small>{also}</td>")
         rows.append(f"<tr><th>{escape(r)}</th>{''.join(tds)}</tr>")
     corner = f"{escape(m['rows_axis'])} &darr; / {escape(m['cols_axis'] or '')} &rarr;"
+    note = (f"<p class='note'>Each cell: the best of its trials over {escape(', '.join(m['others']))}, and every "
+            "failure among them.</p>") if m.get("others") else ""
     return (f"<h2>Verdicts: {escape(m['rows_axis'])} &times; {escape(m['cols_axis'] or '')}</h2>"
-            f"<table class='matrix'><tr><th>{corner}</th>{head}</tr>{''.join(rows)}</table>")
+            f"<table class='matrix'><tr><th>{corner}</th>{head}</tr>{''.join(rows)}</table>{note}")
 
 
 def _ranked(ranked: list[dict], picked: str | None = None) -> str:
@@ -150,6 +166,6 @@ def render(data: dict) -> str:
             f"&middot; engine {escape(s['spec']['engine'])} &middot; {len(data['trials'])} trials &middot; "
             f"status {escape(s['status'])}</div><div class='muted'>{env}</div>"
             + ("" if s["spec"].get("strategy") == "bisect" else _rec(data["recommendation"], data["slo"])) + _bisect((s.get("extra") or {}).get("bisect"))
-            + f"<div class='legend'>{causes}</div>" + _matrix(data["matrix"])
+            + f"<div class='legend'>{causes}</div>" + _search(data.get("search") or []) + _matrix(data["matrix"])
             + "<h2>Throughput and latency</h2><div class='card'>" + tradeoff(data["curves"], data["pareto"]) + "</div>"
             + _ranked(data["ranked"], (data["recommendation"] or {}).get("label")) + f"<h2>Trials</h2>{trials}</main></body></html>\n")

@@ -1,6 +1,7 @@
 """The Markdown report: reads well in a terminal and in a pull request. Recommendation first."""
 from __future__ import annotations
 
+from moelab.report.build import failures_text
 from moelab.study.stats import interval_text, primary, tie_sentence
 
 
@@ -52,6 +53,8 @@ def render(data: dict) -> str:
     if s["spec"].get("strategy") != "bisect":
         out += recommendation_md(rec, data["slo"])
     out += bisect_md((s.get("extra") or {}).get("bisect"))
+    if data.get("search"):
+        out += ["## How the study searched", ""] + [f"- {_cell(x)}" for x in data["search"]] + [""]
     m = data["matrix"]
     if m:
         out += [f"## Verdicts: {m['rows_axis']} x {m['cols_axis'] or ''}".rstrip(), "",
@@ -65,8 +68,13 @@ def render(data: dict) -> str:
                     continue
                 tag = " (pruned)" if x["status"] == "pruned" else " (reused)" if x["status"] == "reused" else ""
                 tps = f" {x['tps']:.0f} tok/s" if x.get("tps") is not None else ""
-                cells.append(f"{x['cause']}{tag}{tps}")
+                also = f"; also {failures_text(x)}" if x["cause"] == "ok" and x.get("failures") else ""
+                n = f" [{x['ok']}/{x['n']} ok]" if x.get("n", 1) > 1 else ""
+                cells.append(_cell(f"{x['cause']}{tag}{tps}{n}{also}"))
             out.append("| " + " | ".join([r, *cells]) + " |")
+        if m.get("others"):
+            out.append(f"\nEach cell: the best of its trials over {', '.join(m['others'])}, "
+                       "and every failure among them.")
         out.append("")
     if data["ranked"]:
         out += ["## Configurations that work, fastest first", "",

@@ -1,6 +1,6 @@
 """The study's progress display on stderr: one line per finished trial, a live status line on a TTY.
 
-It consumes the runner's events (start / progress / done / pruned / reused / resumed), so the
+It consumes the runner's events (start / progress / done / pruned / reused / resumed / blamed), so the
 runner knows nothing about terminals. Colours follow the report's: green ok, red failed, grey pruned.
 """
 from __future__ import annotations
@@ -44,6 +44,9 @@ class Progress:
                 mem = f", {rss / 2**20:.0f} MiB" if rss else ""
                 self._status(escape(f"trial {e['id']} [{self.cur['stage']}] {clip(self.cur['label'], 70)}: {phase} "
                                     f"{time.monotonic() - self.cur['t']:.0f}s{mem}"))
+        elif kind == "blamed":
+            self.console.print(escape(f"    -> {e['flag']} {e['value']} is pruned from now on ({e['cause']}): {e['why']}"),
+                               style="dim", highlight=False, soft_wrap=True)
         elif kind != "again":  # a trial this run already printed, asked for again: not a new line
             self._line(kind, e["trial"])
 

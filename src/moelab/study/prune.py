@@ -74,15 +74,32 @@ def preflight(spec: LaunchSpec, hw=None) -> Verdict | None:
     return v if v is not None and not v.ok else None
 
 
-def blamed(changes: tuple, rules: list[Blame]) -> Verdict | None:
-    """A verdict inherited from an earlier trial whose evidence named one of these flag values."""
+def blamed(flags: dict, rules: list[Blame]) -> Verdict | None:
+    """A verdict inherited from an earlier failure that was attributed to one of these flag values."""
     for b in rules:
-        if (b.flag, b.value) in changes:
+        if flags.get(b.flag, _MISSING) == b.value:
             return Verdict(cause=Cause(b.cause), phase=Phase.preflight,
                            evidence=[Evidence(kind="study", source=f"trial {b.trial_id}",
                                               text=f"{b.flag} {b.value} already failed on this machine as "
-                                                   f"{b.cause} in trial {b.trial_id}: {b.evidence.strip()[:300]}")],
+                                                   f"{b.cause} in trial {b.trial_id} (attributed: {b.why}): "
+                                                   f"{b.evidence.strip()[:300]}")],
                            advice=f"Not launched: every configuration with {b.flag} {b.value} fails the same way "
                                   f"here. Drop that value from the axis.",
-                           detail={"pruned_by": "study", "trial": b.trial_id})
+                           detail={"pruned_by": "study", "trial": b.trial_id, "how": b.how})
     return None
+
+
+def same_failure(key: str, failed: dict[str, dict]) -> Verdict | None:
+    """This exact configuration already failed at launch in this study for a cause that does not
+    depend on load: launching it again would say the same."""
+    t = failed.get(key)
+    if t is None:
+        return None
+    return Verdict(cause=Cause(t["cause"]), phase=Phase.preflight,
+                   evidence=[Evidence(kind="study", source=f"trial {t['id']}",
+                                      text=f"the same configuration failed as {t['cause']} at launch in trial "
+                                           f"{t['id']}; a launch-time {t['cause']} does not depend on the load")],
+                   advice="Not launched again.", detail={"pruned_by": "study", "trial": t["id"], "how": "same"})
+
+
+_MISSING = object()

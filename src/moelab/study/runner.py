@@ -15,7 +15,7 @@ from typing import Callable
 
 from moelab.spec import Cause, Evidence, LaunchSpec, Phase, Verdict
 from moelab.store import Store, trial_key
-from moelab.study import prune
+from moelab.study import attribute, prune
 from moelab.study.planner import Blame, Candidate, blame, to_args
 from moelab.study.spec import StudyFile
 
@@ -70,8 +70,14 @@ class StudyRunner:
         self.t0 = time.monotonic()
         self.seq = 0
         self.launched = 0
-        self.rules: list[Blame] = []
+        self.rules: list[Blame] = []  # flag values proven fatal here, with what attributed them
+        self.came_up: list[tuple[dict, int]] = []  # (full flags, trial id) of launches that came up
+        self.unexplained: list[dict] = []  # deterministic launch failures not attributed yet
+        self.failed_keys: dict[str, dict] = {}  # key -> a deterministic launch failure of this study
+        self.isolated: set[tuple] = set()  # failures whose suspects were checked alone
+        self.isolate = study.strategy == "staged" and study.staged.isolate
         self.begun: set[int] = set()  # trials started (or stored) by this run
+        self.seen: list[dict] = []  # every trial handed to the strategy by this run, in order
         self.reference: Path | None = None
 
     # -- one candidate ----------------------------------------------------------------------
@@ -93,15 +99,19 @@ class StudyRunner:
             # asked again in this run (a sampler repeating a point): reused quietly; from an earlier run: resumed
             self.on_event({"event": "again" if done["id"] in self.begun else "resumed", "trial": done})
             self._learn(done)
+            self.seen.append(done)
             return done
-        if time.monotonic() - self.t0 > self.study.budget.time_s or self.launched >= self.study.budget.trials:
-            raise BudgetSpent(f"budget spent after {self.launched} launches")
+        if cand.stage != "final" and self.spent():  # finalists are measured even after the budget
+            raise BudgetSpent(self.spent())
         row = dict(seq=self.seq, stage=cand.stage, rep=cand.rep, label=cand.label, key=key, engine=spec.engine,
                    model=self.study.model, changes=[list(c) for c in cand.changes], flags=flags, args=spec.args,
                    env=spec.env, fingerprint=self.fingerprint)
         pre = self._pruned(cand, spec, key, loads)
         if pre is not None:
-            return pre(row)
+            t = pre(row)
+            self._learn(t)
+            self.seen.append(t)
+            return t
         tid = self.store.begin_trial(self.study_id, **row)
         self.begun.add(tid)
         self.on_event({"event": "start", "id": tid, "label": cand.label, "stage": cand.stage, "rep": cand.rep})
@@ -127,16 +137,27 @@ class StudyRunner:
                                 samples=out.samples, telemetry={**out.telemetry, "timings": out.timings},
                                 paths=out.paths, command=out.command)
         t = self._get(tid)
-        self._learn(t)
         self.on_event({"event": "done", "trial": t})
+        self._learn(t)
+        self.seen.append(t)
         return t
+
+    def spent(self) -> str:
+        """Why no new trial may start, in words, or '' while the budget lasts."""
+        b = self.study.budget
+        if self.launched >= b.trials:
+            return f"the trial budget is spent: {self.launched} launches of budget.trials={b.trials}"
+        if time.monotonic() - self.t0 > b.time_s:
+            return f"the time budget is spent: {time.monotonic() - self.t0:.0f} s of budget.time_s={b.time_s:g}"
+        return ""
 
     def _get(self, tid: int) -> dict:
         return next(t for t in self.store.trials(self.study_id) if t["id"] == tid)
 
     def _pruned(self, cand: Candidate, spec: LaunchSpec, key: str, loads: int):
         """A function that stores the trial without launching it, or None when it must launch."""
-        v = prune.blamed(cand.changes, self.rules) or prune.preflight(spec)
+        v = prune.blamed(cand.flags(self.study.base), self.rules) or prune.same_failure(key, self.failed_keys) \
+            or prune.preflight(spec)
         reused = None
         if v is None and not self.rerun:  # --rerun: launch even where another study judged this key
             reused = self.store.verdict_for(key, self.study_id, need_metrics=loads > 0, stage=cand.stage)
@@ -165,14 +186,71 @@ class StudyRunner:
         return store
 
     def _learn(self, t: dict) -> None:
-        """A failure whose own evidence names one changed flag value prunes that value from now on."""
+        """What a finished trial teaches: a launch that came up clears its flag values for attribution;
+        a launch-time failure of a cause that does not depend on load (attribute.DETERMINISTIC) is
+        attributed to one flag value (named by the error, differing from a launch that came up, the
+        error's words, or a one-launch check of each suspect alone) and prunes it from then on."""
         v = t.get("verdict") or {}
-        if t["status"] != "done" or v.get("phase") not in (Phase.launch.value, Phase.preflight.value):
+        if t["status"] not in ("done", "reused"):
             return
+        flags = t.get("flags") or {}
+        if v.get("phase") not in (Phase.launch.value, Phase.preflight.value):
+            self.came_up.append((flags, t["id"]))
+            for u in list(self.unexplained):  # a new launch that came up may explain an earlier failure
+                self._attribute(u)
+            return
+        if t.get("cause") not in attribute.DETERMINISTIC:
+            return
+        self.failed_keys.setdefault(t["key"], t)
+        if not self._attribute(t):
+            self.unexplained.append(t)
+            if self.isolate:
+                self._isolate(t)
+
+    def _attribute(self, t: dict) -> bool:
+        v = t.get("verdict") or {}
+        texts = [e["text"] for e in v.get("evidence", [])]
         changes = tuple((k, val) for k, val in (t.get("changes") or []))
-        b = blame(changes, t.get("cause") or "", [e["text"] for e in v.get("evidence", [])], t["id"])
-        if b is not None and not any((r.flag, r.value) == (b.flag, b.value) for r in self.rules):
+        b = blame(changes, t["cause"], texts, t["id"])
+        if b is None:
+            a = attribute.attribute(t.get("flags") or {}, self.study.axes, t["cause"], texts, self.came_up, t["id"])
+            if a is None:
+                return False
+            b = Blame(a.flag, a.value, t["cause"], t["id"], texts[0] if texts else "", how=a.how, why=a.why)
+        self._rule(b)
+        if t in self.unexplained:
+            self.unexplained.remove(t)
+        return True
+
+    def _rule(self, b: Blame) -> None:
+        if not any((r.flag, r.value) == (b.flag, b.value) for r in self.rules):
             self.rules.append(b)
+            self.on_event({"event": "blamed", "flag": b.flag, "value": b.value, "cause": b.cause,
+                           "trial": b.trial_id, "how": b.how, "why": b.why})
+
+    def _isolate(self, t: dict) -> None:
+        """Launch each suspect value alone over the base (launch + probe, no load): the one that fails
+        the same way is blamed; when none does, only this exact combination is known to fail."""
+        v = t.get("verdict") or {}
+        texts = [e["text"] for e in v.get("evidence", [])]
+        flags = t.get("flags") or {}
+        sus = [(k, val) for k, val in attribute.suspects(flags, self.study.axes, t["cause"], texts)
+               if self.study.base.get(k) != val]
+        if len(sus) < 2 or t["key"] in self.isolated:
+            return
+        self.isolated.add(t["key"])
+        for k, val in sus:
+            if any((r.flag, r.value) == (k, val) for r in self.rules):
+                return
+            alone = self.trial(Candidate(((k, val),), "isolate", note=f"suspect of trial {t['id']}"), loads=0)
+            av = alone.get("verdict") or {}
+            if alone.get("cause") == t["cause"] and av.get("phase") in (Phase.launch.value, Phase.preflight.value):
+                self._rule(Blame(k, val, t["cause"], alone["id"], (texts or [""])[0], how="alone",
+                                 why=f"{k} {val} alone over the base failed the same way (trial {alone['id']}), "
+                                     f"checked for trial {t['id']}"))
+                if t in self.unexplained:
+                    self.unexplained.remove(t)
+                return
 
     def finish(self, recommendation: dict | None, status: str = "done", extra: dict | None = None) -> None:
         self.store.finish_study(self.study_id, recommendation, status, extra)

@@ -17,6 +17,7 @@ what would be valid. Flags keep the engine's own spelling (`--moe-runner-backend
 """
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Literal, Union
 
@@ -36,7 +37,8 @@ class _Strict(BaseModel):
 
 
 class Range(_Strict):
-    """A numeric axis: low..high in steps (inclusive), or log-spaced when log is true (Optuna)."""
+    """A numeric axis: low..high in steps (inclusive); `log` without a step: eight points spaced
+    evenly on a log scale (powers of two for 1..128)."""
 
     low: float
     high: float
@@ -49,6 +51,8 @@ class Range(_Strict):
             raise ValueError(f"high ({self.high}) is below low ({self.low})")
         if self.step is not None and self.step <= 0:
             raise ValueError("step must be positive")
+        if self.log and self.low <= 0:
+            raise ValueError("a log range needs low > 0")
         return self
 
     @property
@@ -57,13 +61,32 @@ class Range(_Strict):
             (self.step is None or float(self.step).is_integer())
 
     def values(self) -> list[FlagValue]:
-        """Grid points: every step, or five points when no step is given."""
+        """Grid points: every step, or five points when no step is given (eight log-spaced ones with
+        `log`); each rounded to the step's own decimals (0.57, never 0.5700000000000001).
+
+        >>> Range(low=0.3, high=0.5, step=0.05).values()
+        [0.3, 0.35, 0.4, 0.45, 0.5]
+        >>> Range(low=1, high=128, log=True).values()
+        [1, 2, 4, 8, 16, 32, 64, 128]
+        """
+        if self.log and not self.step:
+            r = self.high / self.low
+            return list(dict.fromkeys(self.snap(self.low * r ** (i / 7)) for i in range(8)))
         step = self.step or (self.high - self.low) / 4 or 1
-        out, v = [], self.low
-        while v <= self.high + 1e-9:
-            out.append(int(round(v)) if self.integer else round(v, 6))
-            v += step
-        return list(dict.fromkeys(out))
+        n = int(round((self.high - self.low) / step + 1e-9))
+        return list(dict.fromkeys(self.snap(self.low + i * step) for i in range(n + 1)))
+
+    def snap(self, v: float) -> FlagValue:
+        """`v` on this axis's grid: rounded to the step and to its number of decimals."""
+        if self.integer:
+            return int(round(v))
+        if self.log and not self.step:
+            return float(f"{min(max(v, self.low), self.high):.3g}")
+        step = self.step or (self.high - self.low) / 4 or 1
+        decimals = max(0, -math.floor(math.log10(abs(step)))) + 2
+        if self.step:
+            v = self.low + round((v - self.low) / self.step) * self.step
+        return round(min(max(v, self.low), self.high), decimals)
 
 
 class Workload(_Strict):
@@ -71,7 +94,13 @@ class Workload(_Strict):
     input_len: int = Field(32, gt=0)
     output_len: int = Field(16, gt=0)
     num_prompts: int = Field(16, gt=0)
+    # requests per point = rounds x concurrency (overrides num_prompts); 2 at least, or a point cannot
+    # hold its concurrency (the load generator marks it invalid)
+    rounds: int | None = Field(None, ge=2)
     seed: int = 0
+
+    def prompts_at(self, concurrency: int) -> int:
+        return self.rounds * concurrency if self.rounds else self.num_prompts
 
     @field_validator("concurrency", mode="before")
     @classmethod
@@ -98,9 +127,17 @@ class Budget(_Strict):
 
 
 class Staged(_Strict):
-    bench_in_screen: bool = False  # benchmark a survivor in the launch that screened it (saves a launch)
-    survivors: int = Field(4, gt=0)  # best survivors whose numeric knobs are tuned
-    tune_trials: int = Field(6, ge=0)  # Optuna trials, all survivors together
+    bench_in_screen: bool = True  # benchmark a survivor in the launch that screened it (saves a launch)
+    # factorial: every combination of the categorical axes; one-factor: the base, then each value
+    # alone, then every combination of the best `keep` values per axis; auto: factorial while it
+    # has at most `max_factorial` combinations
+    screen: Literal["auto", "factorial", "one-factor"] = "auto"
+    max_factorial: int = Field(24, gt=0)
+    keep: int = Field(2, gt=0)  # values per axis carried from a one-factor screen into its combinations
+    survivors: int = Field(2, gt=0)  # best survivors whose numeric knobs are tuned
+    tune_trials: int = Field(10, ge=0)  # launches per survivor for its numeric knobs (equal budgets)
+    # a launch-time failure that launches and words cannot attribute: launch each suspect alone
+    isolate: bool = True
     finalists: int = Field(2, gt=0)
     repeats: int = Field(3, ge=2)  # measurements per finalist for the confidence interval
 

@@ -1,14 +1,20 @@
 """Study drivers: the order in which a strategy asks the runner for trials, and the summary.
 
-Each driver only decides; `StudyRunner.trial` runs or reuses. Because every decision is a
-function of stored results (Optuna's sampler is seeded and replayed with the stored values), a
-resumed study asks for exactly the same candidates and reuses every finished one.
+Each driver only decides; `StudyRunner.trial` runs or reuses. Every decision is a function of the
+results this run has been handed so far (`StudyRunner.seen`, in order), so a resumed study asks
+for exactly the same candidates and reuses every finished one.
+
+staged: screen the categorical axes (every combination while few, else one factor at a time and
+then the combinations of each axis's best values), then per survivor a line search of each
+numeric knob (equal launch budgets), then the finalists measured again. grid / one-factor measure
+their plan. All but bisect end with the finalists, even when the budget stopped the plan.
 """
 from __future__ import annotations
 
+import json
 import time
 
-from moelab.study import planner, stats
+from moelab.study import planner, search, stats
 from moelab.study.planner import Candidate
 from moelab.study.runner import BudgetSpent, StudyRunner
 
@@ -28,74 +34,245 @@ def _measure(r: StudyRunner, cands: list[Candidate]) -> list[dict]:
     return [r.trial(c, loads=1) for c in cands]
 
 
-def _finalists(r: StudyRunner, trials: list[dict]) -> list[dict]:
+def _finalists(r: StudyRunner) -> list[dict]:
     """Run the best configurations again (`repeats` load runs each, in a fresh launch). A
     configuration measured once that still ranks first afterwards is measured again too, so the
-    recommendation always rests on repeated measurements."""
+    recommendation always rests on repeated measurements. Runs even when the budget is spent."""
     slo, base = r.study.slo.model_dump(), r.study.base
+
+    def finished() -> list[dict]:
+        return [t for t in r.store.trials(r.study_id) if t["status"] in ("done", "reused")]
 
     def final(c: dict) -> dict:
         return r.trial(Candidate(tuple((k, v) for k, v in c["changes"] or []), "final"), loads=r.study.staged.repeats)
 
-    out = [final(c) for c in stats.ranked(trials, slo, base)[: r.study.staged.finalists]]
+    out = [final(c) for c in stats.ranked(finished(), slo, base)[: r.study.staged.finalists]]
     for _ in range(r.study.staged.finalists):
-        finished = [t for t in r.store.trials(r.study_id) if t["status"] in ("done", "reused")]
-        top = stats.ranked(finished, slo, base)
+        top = stats.ranked(finished(), slo, base)
         if not top or len(top[0]["samples"]) > 1:
             break
         out.append(final(top[0]))
     return out
 
 
-def _tune(r: StudyRunner, trials: list[dict]) -> list[dict]:
-    """Stage 3: Optuna (seeded TPE) over the numeric axes, on the best survivors, under the SLOs."""
-    st, slo = r.study, r.study.slo.model_dump()
-    numeric = st.numeric()
-    best = stats.ranked(trials, slo, st.base)[: st.staged.survivors]
-    if not numeric or not best or st.staged.tune_trials == 0:
-        return []
-    import optuna
+def score(t: dict | None, slo: dict) -> float | None:
+    """A trial's throughput at its primary load point; None where it failed, broke an SLO or its
+    measurement is not valid (what a search treats as a point that does not work)."""
+    if t is None or t.get("cause") != "ok":
+        return None
+    p = stats.primary(t.get("metrics"))
+    if p is None or p.get("output_tps") is None or stats.slo_failures(p, slo) or not p.get("valid", True):
+        return None
+    return p["output_tps"]
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    opt = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0))
-    by_label = {c["label"]: c for c in best}
-    out = []
-    for _ in range(st.staged.tune_trials):
-        ot = opt.ask()
-        base = by_label[ot.suggest_categorical("survivor", list(by_label))]
-        changes = [tuple(c) for c in base["changes"] or [] if c[0] not in numeric]
-        for flag, rg in numeric.items():
-            if rg.integer:
-                v = ot.suggest_int(flag, int(rg.low), int(rg.high), step=int(rg.step or 1), log=rg.log and not rg.step)
-            else:
-                v = ot.suggest_float(flag, rg.low, rg.high, step=rg.step, log=rg.log and not rg.step)
-            changes.append((flag, v))
-        t = r.trial(Candidate(tuple(changes), "tune"), loads=1)
-        out.append(t)
-        p = stats.primary(t.get("metrics"))
-        ok = t["cause"] == "ok" and p is not None and not stats.slo_failures(p, slo)
-        opt.tell(ot, p["output_tps"] if ok else 0.0)  # a failure or an SLO miss scores nothing
+
+def _center(r: StudyRunner, trials: list[dict], center: dict) -> dict:
+    """The categorical values of the best measured trial so far (the center unchanged when none)."""
+    slo, cat = r.study.slo.model_dump(), r.study.categorical()
+    scored = [(score(t, slo), t) for t in trials]
+    scored = [(sc, t) for sc, t in scored if sc is not None]
+    if not scored:
+        return center
+    best = max(scored, key=lambda x: x[0])[1]
+    return {n: (best.get("flags") or {}).get(n, center[n]) for n in cat}
+
+
+def _best_values(r: StudyRunner, by_axis: dict[str, list[dict]]) -> dict[str, list]:
+    """Each categorical axis's `keep` best values, by the throughput of the screen launches that
+    judged that axis (the axis's center value when none of them was measured)."""
+    slo = r.study.slo.model_dump()
+    out = {}
+    for n, trials in by_axis.items():
+        best: dict = {}
+        for t in trials:
+            sc, v = score(t, slo), (t.get("flags") or {}).get(n)
+            if sc is not None and sc > best.get(v, -1.0):
+                best[v] = sc
+        out[n] = sorted(best, key=lambda v: -best[v])[: r.study.staged.keep]
     return out
 
 
-def staged(r: StudyRunner) -> dict:
+def _screen(r: StudyRunner) -> tuple[list[dict], dict]:
+    """Stage 1: the categorical axes with numeric knobs at base, measured in the launch that screened
+    them. Factorial while small; else adaptive one factor at a time (each axis's values beside the
+    best configuration so far), then every combination of each axis's best values."""
     st = r.study
-    screen = [r.trial(c, loads=1 if st.staged.bench_in_screen else 0) for c in planner.screen(st)]
-    ok = [t for t in screen if t["cause"] == "ok"]
-    bench = ok if st.staged.bench_in_screen else _measure(
-        r, [Candidate(tuple(tuple(c) for c in t["changes"]), "bench") for t in ok])
-    tuned = _tune(r, bench)
-    _finalists(r, bench + tuned)
-    return {}
+    loads = 1 if st.staged.bench_in_screen else 0
+
+    def run(cands: list[Candidate]) -> list[dict]:
+        ts = [r.trial(c, loads=loads) for c in cands]
+        if st.staged.bench_in_screen:
+            return ts
+        return [r.trial(Candidate(tuple(tuple(c) for c in t["changes"]), "bench"), loads=1) if t["cause"] == "ok"
+                else t for t in ts]
+
+    trials = run(planner.screen(st))
+    mode = planner.screen_mode(st)
+    info: dict = {"mode": mode}
+    if mode == "one-factor":
+        cat = st.categorical()
+        center = {n: st.base.get(n, vals[0]) for n, vals in cat.items()}
+        by_axis: dict[str, list[dict]] = {}
+        for axis in cat:
+            got = run(planner.axis_values(st, center, axis))
+            here = [t for t in [*trials, *got] if all((t.get("flags") or {}).get(n) == center[n]
+                                                        for n in cat if n != axis)]
+            by_axis[axis] = here
+            trials += got
+            center = _center(r, here, center)
+        best = _best_values(r, by_axis)
+        best = {n: vals or [center[n]] for n, vals in best.items()}
+        seen = {json.dumps(t.get("flags"), sort_keys=True, default=str) for t in trials}
+        combos = [c for c in planner.combine(st, best)
+                  if json.dumps(c.flags(st.base), sort_keys=True, default=str) not in seen]
+        info["best_values"] = best
+        trials += run([Candidate(c.changes, "combine") for c in combos])
+    info["launches"] = r.launched
+    return trials, info
+
+
+def _tune(r: StudyRunner, survivor: dict, seeded_from: list[dict]) -> dict:
+    """Stage 2 for one survivor, `tune_trials` launches (the same for every survivor):
+      1. each numeric knob's effect is measured first: one launch half-way from its value toward
+         its farther end, the others held;
+      2. knobs are then searched in order of that effect (knobs interact: a larger CUDA-graph batch
+         only pays once the memory fraction leaves room for the batch), each by a line search on
+         its grid (search.next_value), the others at their best so far; two passes at most;
+      3. a knob whose three measured points lie within search.FLAT of each other is flat at this
+         load and left where it is.
+    Launch failures of memory causes at the same numeric values under another survivor are taken
+    as known (memory hardly depends on the backend), so they are not launched again."""
+    st, slo = r.study, r.study.slo.model_dump()
+    numeric = st.numeric()
+    cat = [(k, v) for k, v in survivor["changes"] or [] if k not in numeric]
+    cur = {k: survivor["flags"].get(k) for k in numeric}
+    best_score = survivor["mean"]
+    rec: dict = {"survivor": survivor["label"], "start": dict(cur), "launches": 0, "knobs": {}}
+
+    def launch(point: dict) -> dict:
+        t = r.trial(Candidate(tuple(cat + [(n, x) for n, x in point.items() if x is not None]), "tune"), loads=1)
+        if t["status"] == "done":
+            rec["launches"] += 1
+        return t
+
+    effect: dict[str, float | None] = {}
+    for knob, rg in numeric.items():  # 1. the effect of each knob, before any is tuned
+        pts = _points(rg, cur[knob])
+        if cur[knob] is None or len(pts) < 2 or rec["launches"] >= st.staged.tune_trials:
+            continue
+        i = pts.index(cur[knob])
+        far = 0 if i > len(pts) - 1 - i else len(pts) - 1
+        sc = score(launch({**cur, knob: pts[(i + far) // 2 if abs(far - i) > 1 else far]}), slo)
+        effect[knob] = None if sc is None else round(sc / max(best_score, 1e-9) - 1, 3)
+    order = sorted(numeric, key=lambda k: -abs(effect[k]) if effect.get(k) is not None else 1.0)
+    rec["order"], rec["first_probe_effect"] = order, effect
+    for _pass in range(2):  # 2. line searches, strongest knob first
+        moved = False
+        for knob in order:
+            pts = _points(numeric[knob], cur[knob])
+            target = {**survivor["flags"], **{k: v for k, v in cur.items() if v is not None}}
+            hist, tried, seeded = _known(r, target, knob, seeded_from, slo)
+            k = rec["knobs"].setdefault(knob, {"tried": {}, "failed": {}, "seeded": {}, "effect": {}, "flat": None})
+            while rec["launches"] < st.staged.tune_trials and not _flat(hist):
+                v = search.next_value(pts, hist)
+                if v is None:
+                    break
+                t = launch({**cur, knob: v})
+                hist[v], tried[v] = score(t, slo), t
+            ok = {v: sc for v, sc in hist.items() if sc is not None}
+            k["tried"].update({str(v): (round(sc, 1) if sc is not None else None) for v, sc in sorted(hist.items())})
+            k["failed"].update({str(v): t["cause"] if t["cause"] != "ok" else _unscored(t, slo)
+                                for v, t in tried.items() if hist.get(v) is None})
+            k["seeded"].update({str(v): note for v, note in seeded.items()})
+            k["flat"] = _flat(hist)
+            k["effect"].update(_effect(tried))
+            if ok:
+                v, sc = max(ok.items(), key=lambda kv: kv[1])
+                if sc > best_score * (1 + search.FLAT / 3) and v != cur[knob]:  # a real gain, not noise
+                    cur[knob], best_score, moved = v, sc, True
+            k["best"] = cur[knob]
+        if not moved or rec["launches"] >= st.staged.tune_trials:
+            break
+    rec["best"], rec["best_tps"] = cur, round(best_score, 1)
+    return rec
+
+
+def _unscored(t: dict, slo: dict) -> str:
+    """Why a trial that worked still scores nothing: an SLO it broke, or a measurement not valid."""
+    p = stats.primary(t.get("metrics")) or {}
+    miss = stats.slo_failures(p, slo)
+    if miss:
+        return "SLO: " + "; ".join(miss)
+    return "measurement not valid: " + "; ".join(p.get("invalid_reasons") or ["see the trial"])
+
+
+def _points(rg, value) -> list:
+    """The knob's grid, with its current value added when it lies off the grid."""
+    pts = search.grid(rg)
+    return sorted([*pts, value]) if value is not None and value not in pts else pts
+
+
+def _known(r: StudyRunner, target: dict, knob: str, seeded_from: list[dict], slo: dict):
+    """(scores, trials, seeded notes) by value of `knob` for what this run already measured with
+    every other flag as in `target`; plus memory failures at the same numeric values elsewhere."""
+    hist, tried, seeded = {}, {}, {}
+    rest = {k: v for k, v in target.items() if k != knob}
+    for t in r.seen:
+        f = t.get("flags") or {}
+        if knob in f and {k: v for k, v in f.items() if k != knob} == rest and t["status"] != "interrupted":
+            hist[f[knob]], tried[f[knob]] = score(t, slo), t
+    numeric = set(r.study.numeric())
+    for t in seeded_from:
+        f = t.get("flags") or {}
+        v = f.get(knob)
+        same = all(f.get(k) == target.get(k) for k in numeric if k != knob)
+        phase = (t.get("verdict") or {}).get("phase")
+        if same and v not in hist and t.get("cause") in MEMORY and phase == "launch":
+            hist[v] = None
+            seeded[v] = f"{t['cause']} at launch in trial {t['id']} (another survivor)"
+    return hist, tried, seeded
+
+
+MEMORY = ("gpu_oom",)  # launch failures that depend on memory knobs, hardly on backends
+
+
+def _flat(hist: dict) -> bool:
+    """Three measured points within search.FLAT of each other: the knob does nothing at this load."""
+    sc = [s for s in hist.values() if s is not None]
+    return len(sc) >= 3 and (max(sc) - min(sc)) / max(max(sc), 1e-9) < search.FLAT
+
+
+def _effect(tried: dict) -> dict:
+    """Per concurrency: how much the knob moved throughput over the points that ran, as a share."""
+    by_c: dict[str, list[float]] = {}
+    for t in tried.values():
+        if t.get("cause") != "ok":
+            continue
+        for p in (t.get("metrics") or {}).get("points") or []:
+            if p.get("output_tps") is not None:
+                by_c.setdefault(str(p["concurrency"]), []).append(p["output_tps"])
+    return {c: round((max(v) - min(v)) / max(max(v), 1e-9), 3) for c, v in by_c.items() if len(v) >= 2}
+
+
+def staged(r: StudyRunner) -> dict:
+    st, slo = r.study, r.study.slo.model_dump()
+    screened, info = _screen(r)
+    survivors = stats.ranked([t for t in screened if t["status"] in ("done", "reused")], slo, st.base)
+    survivors = survivors[: st.staged.survivors]
+    tuning = []
+    if st.numeric() and st.staged.tune_trials:
+        for s in survivors:
+            tuning.append(_tune(r, s, [t for t in r.seen if t["status"] in ("done", "reused")]))
+    return {"screen": info, "tuning": tuning}
 
 
 def grid(r: StudyRunner) -> dict:
-    _finalists(r, _measure(r, planner.grid(r.study)))
+    _measure(r, planner.grid(r.study))
     return {}
 
 
 def one_factor(r: StudyRunner) -> dict:
-    _finalists(r, _measure(r, planner.one_factor(r.study)))
+    _measure(r, planner.one_factor(r.study))
     return {}
 
 
@@ -132,13 +309,25 @@ def run_study(r: StudyRunner) -> dict:
         _reference(r)
         extra = DRIVERS[r.study.strategy](r)
     except BudgetSpent as e:
-        extra, status = {"budget": str(e)}, "budget"
+        extra, status = {"budget": f"{e}: the study stopped before its plan's end"}, "budget"
     except KeyboardInterrupt:
         r.finish(None, "interrupted", {"note": "interrupted; run the same command to resume"})
         raise
     except Exception as e:  # never leave a study marked `running` by a run that is gone
         r.finish(None, "failed", {"error": f"{type(e).__name__}: {e}"})
         raise
+    try:
+        if r.study.strategy != "bisect":  # a stopped study still measures its finalists
+            _finalists(r)
+    except KeyboardInterrupt:
+        r.finish(None, "interrupted", {"note": "interrupted; run the same command to resume"})
+        raise
+    except Exception as e:
+        r.finish(None, "failed", {"error": f"{type(e).__name__}: {e}"})
+        raise
+    extra["blamed"] = [{"flag": b.flag, "value": b.value, "cause": b.cause, "trial": b.trial_id, "how": b.how,
+                        "why": b.why} for b in r.rules]
+    extra["launches"] = r.launched
     trials = r.store.trials(r.study_id)
     rec = None if r.study.strategy == "bisect" else stats.recommend(  # bisect explains a failure only
         [t for t in trials if t["status"] in ("done", "reused")], r.study.slo.model_dump(), r.study.base)

@@ -86,7 +86,7 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
                 if on_progress:
                     on_progress({"phase": f"load c={c}" + (f" #{r + 1}" if loads > 1 else "")})
                 w = Workload(concurrency=c, input_len=workload.input_len, output_len=workload.output_len,
-                             num_prompts=workload.num_prompts, seed=workload.seed + r, slo=SLO(**slo),
+                             num_prompts=workload.prompts_at(c), seed=workload.seed + r, slo=SLO(**slo),
                              weight_format=fmt, max_loop_lag_ms=50.0)
                 try:
                     res = run_load(srv.url, w, model=srv.model, reference=reference, api_key=srv.spec.api_key)

@@ -1,0 +1,17 @@
+"""Tier 1: the worked examples in the pure modules' docstrings are run, so they stay true."""
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = ["moelab.study.attribute", "moelab.study.search", "moelab.study.spec", "moelab.diagnose.tailor"]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_hold(name):
+    mod = importlib.import_module(name)
+    res = doctest.testmod(mod, optionflags=doctest.ELLIPSIS)
+    assert res.attempted > 0, f"{name} lost its examples"
+    assert res.failed == 0
