@@ -84,12 +84,44 @@ def test_vllm_on_this_cpu_machine_and_missing_path(tmp_path):
     ([], "no engine command line"),
     (["--", "llama-server", "-m", "x"], "cannot tell the engine"),
     (["--gpu", "sm_120", "--", "vllm", "serve", "m"], "both --gpu"),
-    (["--gpu", "hopper", "--gpu-memory", "80GB", "--", "vllm", "serve", "m"], "not an arch name"),
+    (["--gpu", "hopper", "--gpu-memory", "80GB", "--", "vllm", "serve", "m"], "not an NVIDIA architecture"),
+    (["--gpu", "sm_999", "--gpu-memory", "80GB", "--", "vllm", "serve", "m"], "sm_90, sm_100"),
     (["--gpu", "sm_90", "--gpu-memory", "lots", "--", "vllm", "serve", "m"], "as a memory size"),
 ])
 def test_bad_input_is_a_clear_error(args, msg):
     out = run(*args)
     assert out.returncode == 2 and msg in out.stderr
+
+
+H100x2 = ["--gpu", "sm_90", "--gpu-memory", "80GB", "--gpus", "2"]
+QWEN = ["vllm", "serve", "Qwen/Qwen3-30B-A3B"]
+
+
+@pytest.mark.parametrize("extra,cause,text", [
+    # 32 attention heads and 4 KV heads: tp 3 divides neither (and needs 3 GPUs of the 2 given)
+    (["--tensor-parallel-size", "3"], "bad_args", "32 attention heads do not divide by --tensor-parallel-size 3"),
+    (["--tensor-parallel-size", "4"], "bad_args", "--tensor-parallel-size 4 needs 4 GPUs, the machine has 2"),
+    (["--max-num-seqs", "abc"], "bad_args", "argument --max-num-seqs: invalid int value: 'abc'"),
+    (["--gpu-memory-utilization", "1.5"], "bad_args", "it must be in (0, 1]"),
+    # float32 doubles the weights too, not only the KV: 56.8 GiB of bf16 weights no longer fit one GPU
+    (["--dtype", "float32"], "gpu_oom", "weights need 113.6 GiB per GPU"),
+    (["--tensor-parallel-size", "2", "--enable-expert-parallel"], "ok", None),
+])
+def test_check_refuses_what_the_engine_would(extra, cause, text):
+    out = run(*H100x2, "--json", "--", *QWEN, *extra)
+    d = json.loads(out.stdout)
+    assert d["verdict"]["cause"] == cause, d["verdict"]
+    if text:
+        assert any(text in e["text"] for e in d["verdict"]["evidence"]), d["verdict"]["evidence"]
+    if cause == "bad_args":
+        assert d["verdict"]["cause"] != "gpu_oom" and out.returncode == 1
+
+
+def test_expert_parallel_must_divide_the_experts():
+    hw = Hardware(arch="sm_90", gpu_memory=80 * 10**9, gpus=8, source="test")
+    rep = check_command("sglang", ["--model-path", "Qwen/Qwen3-30B-A3B", "--tp-size", "8", "--ep-size", "3"], hw)
+    assert rep.verdict.cause.value == "bad_args"
+    assert rep.parallel_problems == ["128 routed experts do not divide by the expert-parallel size 3"]
 
 
 def test_split_command():

@@ -6,7 +6,8 @@ import importlib
 
 import pytest
 
-MODULES = ["moelab.study.attribute", "moelab.study.search", "moelab.study.spec", "moelab.diagnose.tailor"]
+MODULES = ["moelab.study.attribute", "moelab.study.search", "moelab.study.spec", "moelab.diagnose.tailor",
+           "moelab.engines.preflight"]
 
 
 @pytest.mark.parametrize("name", MODULES)

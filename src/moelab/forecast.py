@@ -37,7 +37,9 @@ class ModelInfo(BaseModel):
     num_layers: int
     attention_layers: int  # layers with a KV cache (hybrid models: only full attention)
     num_kv_heads: int
+    num_attention_heads: int = 0
     head_dim: int
+    moe_intermediate_size: int = 0  # per expert
     num_experts: int = 0
     experts_per_tok: int = 0
     max_position: int | None = None
@@ -131,6 +133,7 @@ def _info(name: str, source: str, raw: dict, model_dir: Path | None) -> ModelInf
         name=name, source=source, model_type=str(c.get("model_type", "")), hidden_size=c["hidden_size"],
         num_layers=c["num_hidden_layers"], attention_layers=_attention_layers(c),
         num_kv_heads=c.get("num_key_value_heads") or c["num_attention_heads"],
+        num_attention_heads=c["num_attention_heads"], moe_intermediate_size=c.get("moe_intermediate_size") or 0,
         head_dim=c.get("head_dim") or c["hidden_size"] // c["num_attention_heads"],
         num_experts=c.get("num_experts") or c.get("num_local_experts") or 0,
         experts_per_tok=c.get("num_experts_per_tok", 0), max_position=c.get("max_position_embeddings"),
@@ -196,20 +199,27 @@ def forecast(m: ModelInfo, *, engine: str, tp: int = 1, dp: int = 1, ep: bool = 
              fraction_default: float = 0.9, fraction_flag: str = "--mem-fraction-static",
              kv_dtype: str | None = None, context_len: int | None = None,
              host_limit: int | None = None, cpu_kv_bytes: int | None = None,
-             dense_bytes_per_rank: int | None = None) -> Forecast:
+             dense_bytes_per_rank: int | None = None, dtype_bytes: float | None = None) -> Forecast:
     """Per-GPU weights, KV bytes per token and tokens that fit, host RAM while loading.
 
     Experts are split over tp (or tp*dp with expert parallelism); everything else over tp, unless
     the engine says what each rank holds of it (`dense_bytes_per_rank`: the embedded engine keeps
     its embeddings, norms, router and LM head whole on every rank).
     gpu_memory None means CPU serving (vLLM's CPU build): weights and KV live in host RAM.
+    `dtype_bytes` (4 for --dtype float32) is the width the engine casts unquantized weights to;
+    None keeps the checkpoint's 16-bit width.
     """
     problems, notes = [], []
     ranks = tp * dp
     if n_gpus is not None and gpu_memory is not None and ranks > n_gpus:
         problems.append(f"needs tp x dp = {ranks} GPUs, only {n_gpus} given")
-    dense = (m.weight_bytes - m.expert_bytes) / tp if dense_bytes_per_rank is None else dense_bytes_per_rank
-    w = int(dense + m.expert_bytes / (ranks if ep else tp))
+    widen = dtype_bytes / 2.0 if dtype_bytes else 1.0  # checkpoints store unquantized tensors in 16 bits
+    expert_bytes = m.expert_bytes * (widen if m.quant_format == "bf16" else 1.0)
+    dense_total = (m.weight_bytes - m.expert_bytes) * widen
+    if widen != 1.0:
+        notes.append(f"unquantized weights cast to {dtype_bytes:g} bytes per value (--dtype)")
+    dense = dense_total / tp if dense_bytes_per_rank is None else dense_bytes_per_rank
+    w = int(dense + expert_bytes / (ranks if ep else tp))
     b = kv_dtype_bytes(kv_dtype)
     kv_total = int(2 * m.attention_layers * m.num_kv_heads * m.head_dim * b)
     heads_per_gpu = max(1, -(-m.num_kv_heads // tp))  # KV heads are replicated once tp > n_kv

@@ -53,6 +53,15 @@ class Host(BaseModel):
     cgroup_memory_limit: int | None  # bytes; None = no limit anywhere up the hierarchy
 
 
+# NVIDIA architectures moelab knows (CUDA compute capabilities), with the GPUs that have them.
+KNOWN_ARCHES = {"sm_70": "Volta (V100)", "sm_75": "Turing (T4)", "sm_80": "Ampere (A100)",
+                "sm_86": "Ampere (A10, RTX 30)", "sm_87": "Ampere (Jetson Orin)", "sm_89": "Ada (L4, L40S, RTX 40)",
+                "sm_90": "Hopper (H100, H200)", "sm_100": "Blackwell (B200, GB200)",
+                "sm_101": "Blackwell (Jetson Thor, CUDA 12.x name)", "sm_103": "Blackwell (B300, GB300)",
+                "sm_110": "Blackwell (Jetson Thor)", "sm_120": "Blackwell (RTX PRO 6000, RTX 5090)",
+                "sm_121": "Blackwell (DGX Spark GB10)"}
+
+
 def sm_name(capability: tuple[int, int]) -> str:
     return f"sm_{capability[0]}{capability[1]}"
 

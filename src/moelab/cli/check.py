@@ -36,8 +36,9 @@ def _hardware(gpu: str | None, gpu_memory: str | None, gpus: int | None, host_me
     if gpu or gpu_memory or gpus:
         if not (gpu and gpu_memory):
             raise ValueError("describe the target GPUs with both --gpu (e.g. sm_120) and --gpu-memory (e.g. 96GB)")
-        if not re.fullmatch(r"sm_\d{2,3}|cpu", gpu):
-            raise ValueError(f"--gpu {gpu!r} is not an arch name; use sm_80, sm_90, sm_100, sm_120 ...")
+        if gpu != "cpu" and gpu not in hw.KNOWN_ARCHES:
+            raise ValueError(f"--gpu {gpu!r} is not an NVIDIA architecture moelab knows; use one of "
+                             f"{', '.join(hw.KNOWN_ARCHES)} (or cpu)")
         return Hardware(arch=gpu, gpu_memory=parse_size(gpu_memory), gpus=gpus or 1,
                         source="given on the command line", host_limit=host_limit)
     found = hw.gpus()
@@ -107,6 +108,8 @@ def _print(rep) -> None:
     say("flags     " + ("all known to this version" if not rep.flag_problems else "PROBLEMS"))
     for p in rep.flag_problems:
         say(f"  x {p.message[:300]}")
+    for p in rep.parallel_problems:
+        say(f"parallel  x {p}")
     from moelab.audit.render import knowledge_lines
 
     for line in knowledge_lines(rep.knowledge):

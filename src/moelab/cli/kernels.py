@@ -7,6 +7,8 @@ speedup over the grouped backend. On CPU only reference and grouped run and the 
 """
 from __future__ import annotations
 
+import time
+
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +78,7 @@ def kernels(
     env = {"MOELAB_MOE_CONFIG_DIR": str(config_dir)} if config_dir else {}
     say = err_console.print if json_out else console.print
 
+    err_console.print("[dim]kernels: calibrating copy bandwidth and matmul rate ...[/]", highlight=False)
     cal = run_worker(worker_argv({"mode": "calibrate"}), timeout, env)
     calib = next((r for r in cal.records if r.get("kind") == "calibration"), None)
     if calib is None:
@@ -118,6 +121,7 @@ def kernels(
         for fmt in fmts:
             spec = {"mode": "tune", "shape": [E, K, H, I], "format": fmt, "tokens": toks,
                     "config_dir": str(config_dir) if config_dir else None, "block": block if fmt == "fp8" else None}
+            err_console.print(f"[dim]kernels: tuning triton {fmt} (minutes per format) ...[/]", highlight=False)
             res = run_worker(worker_argv(spec), timeout, env)
             tuned += res.records
             say(f"tuned triton {fmt}: " + (res.cause.value if res.cause.value != "ok" else
@@ -134,8 +138,12 @@ def kernels(
             spec = {"mode": "run", "shape": [E, K, H, I], "format": fmt, "backend": name, "tokens": toks,
                     "copy_bw_bytes_s": calib.get("copy_bw_bytes_s"), "bf16_flops_s": calib.get("bf16_flops_s"),
                     "block": block if fmt == "fp8" else None, "reps": min(5, reps) if name == "reference" else reps}
+            t0 = time.monotonic()
+            err_console.print(f"[dim]kernels: {name} {fmt}, {len(toks)} token counts ...[/]", highlight=False)
             res = run_worker(worker_argv(spec), timeout, env)
             rows += _rows_for(res, name, fmt, toks)
+            err_console.print(f"[dim]kernels: {name} {fmt}: {res.cause.value} in {time.monotonic() - t0:.0f} s[/]",
+                              highlight=False)
     base = {(r["format"], r["tokens"]): r.get("time_us") for r in rows if r["backend"] == "grouped"}
     for r in rows:
         t, g = r.get("time_us"), base.get((r["format"], r["tokens"]))

@@ -18,6 +18,13 @@ from moelab.spec import LaunchSpec
 
 class CataloguedAdapter(EngineAdapter):
     rules_file: ClassVar[Path]
+    # What moelab's check reads from a command line, by role, in the engine's own flag names:
+    # tp, dp, ep (parallel sizes; ep may be a switch), fraction, kv (cache dtype), ctx (context
+    # length), quant, dtype, model.
+    flag_roles: ClassVar[dict[str, str]] = {}
+    # Values the engine's argparse types and its own config checks refuse: flag -> (type, low, high,
+    # low_open); type "int" or "float"; None bounds are open ends. Checked before anything launches.
+    value_rules: ClassVar[dict[str, tuple]] = {}
 
     @abstractmethod
     def flag_catalogue(self) -> Catalogue:

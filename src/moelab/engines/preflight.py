@@ -20,14 +20,6 @@ from moelab.forecast import Forecast, ModelInfo, forecast, load_model
 from moelab.spec import Cause, Evidence, Phase, Verdict
 
 GiB = 2**30
-# Per engine: canonical flag names the forecast reads (the engine's own words).
-FLAGS = {
-    "sglang": dict(tp="--tp-size", dp="--dp-size", ep="--ep-size", fraction="--mem-fraction-static",
-                   kv="--kv-cache-dtype", ctx="--context-length", quant="--quantization", model="--model-path"),
-    "vllm": dict(tp="--tensor-parallel-size", dp="--data-parallel-size", ep="--enable-expert-parallel",
-                 fraction="--gpu-memory-utilization", kv="--kv-cache-dtype", ctx="--max-model-len",
-                 quant="--quantization", model="--model"),
-}
 
 
 class Hardware(BaseModel):
@@ -45,6 +37,8 @@ class CheckReport(BaseModel):
     catalogue: dict
     hardware: Hardware
     flag_problems: list[FlagProblem] = Field(default_factory=list)
+    # the model's shape against the parallel sizes, and sizes that need more GPUs than given
+    parallel_problems: list[str] = Field(default_factory=list)
     support: list[Support] = Field(default_factory=list)
     model: ModelInfo | None = None
     model_error: str | None = None
@@ -75,6 +69,64 @@ def split_command(argv: list[str]) -> tuple[str, dict[str, str], list[str]]:
                      "`python -m sglang.launch_server ...`")
 
 
+def value_problems(values: dict, rules: dict[str, tuple]) -> list[FlagProblem]:
+    """Values the engine's own argparse types or config checks would refuse (`--max-num-seqs abc`,
+    `--gpu-memory-utilization 1.5`), in argparse's words where argparse is the one refusing.
+
+    >>> [p.message for p in value_problems({"--max-num-seqs": "abc"}, {"--max-num-seqs": ("int", 1, None, False)})]
+    ["argument --max-num-seqs: invalid int value: 'abc'"]
+    >>> value_problems({"--gpu-memory-utilization": "1.5"}, {"--gpu-memory-utilization": ("float", 0, 1, True)})[0].message
+    'argument --gpu-memory-utilization: 1.5 is out of range: it must be in (0, 1]'
+    """
+    out = []
+    for flag, (kind, low, high, low_open) in rules.items():
+        raw = values.get(flag)
+        if not isinstance(raw, str):
+            continue
+        x = _num(raw, int if kind == "int" else float)
+        if x is None:
+            out.append(FlagProblem(flag=flag, value=raw, message=f"argument {flag}: invalid {kind} value: {raw!r}"))
+            continue
+        below = low is not None and (x <= low if low_open else x < low)
+        if below or (high is not None and x > high):
+            span = f"{'(' if low_open else '['}{'-inf' if low is None else low:g}, " \
+                   f"{'inf' if high is None else f'{high:g}'}{']' if high is not None else ')'}"
+            out.append(FlagProblem(flag=flag, value=raw, message=f"argument {flag}: {raw} is out of range: "
+                                                                 f"it must be in {span}"))
+    return out
+
+
+def parallel_problems(m: ModelInfo | None, tp: int, dp: int, ep: int, n_gpus: int | None, roles: dict) -> list[str]:
+    """What the engine refuses about the parallel sizes, before any weight loads: more ranks than
+    GPUs, and a model shape that the sizes do not divide (attention heads and KV heads by the
+    tensor-parallel size, routed experts by the expert-parallel size, each expert's intermediate
+    size by the tensor-parallel size when experts are sliced rather than placed)."""
+    out = []
+    if n_gpus is not None and tp * dp > n_gpus:
+        out.append(f"{roles['tp']} {tp}" + (f" x {roles['dp']} {dp}" if dp > 1 else "")
+                   + f" needs {tp * dp} GPUs, the machine has {n_gpus}")
+    if m is None:
+        return out
+    if m.num_attention_heads and m.num_attention_heads % tp:
+        out.append(f"{m.num_attention_heads} attention heads do not divide by {roles['tp']} {tp}: "
+                   f"use a size that divides {m.num_attention_heads}")
+    kv = m.num_kv_heads
+    if kv and tp > 1 and (tp % kv if tp >= kv else kv % tp):
+        out.append(f"{kv} KV heads and {roles['tp']} {tp}: one must divide the other (KV heads are split "
+                   "over the ranks, or each replicated on a whole number of them)")
+    if m.num_experts and ep > 1 and m.num_experts % ep:
+        out.append(f"{m.num_experts} routed experts do not divide by the expert-parallel size {ep}")
+    elif m.num_experts and ep <= 1 and m.moe_intermediate_size and m.moe_intermediate_size % tp:
+        out.append(f"each expert's intermediate size {m.moe_intermediate_size} does not divide by {roles['tp']} "
+                   f"{tp} (experts are sliced over the ranks without expert parallelism)")
+    return out
+
+
+def _fraction(v) -> float | None:
+    x = _num(v)
+    return x if x is not None and 0 < x <= 1 else None  # out of range: a flag problem, not a forecast
+
+
 def _num(v, cast=float):
     try:
         return cast(v) if isinstance(v, str) else None
@@ -101,9 +153,10 @@ def check_command(engine: str, args: list[str], hw: Hardware, env: dict[str, str
     adapter = ENGINES.create(engine)
     cat = adapter.flag_catalogue()
     parsed = parse_args(args, cat)
-    f = FLAGS[engine]
+    f = adapter.flag_roles
     v = parsed.values
-    rep = CheckReport(engine=engine, args=args, env=env, hardware=hw, flag_problems=parsed.problems,
+    rep = CheckReport(engine=engine, args=args, env=env, hardware=hw,
+                      flag_problems=parsed.problems + value_problems(v, adapter.value_rules),
                       catalogue={"origin": cat.origin, "version": cat.version, "source": cat.source},
                       verdict=Verdict(cause=Cause.ok, phase=Phase.preflight))
     model_arg = v.get(f["model"]) or (parsed.positionals[0] if engine == "vllm" and parsed.positionals else None)
@@ -119,16 +172,20 @@ def check_command(engine: str, args: list[str], hw: Hardware, env: dict[str, str
         rep.support.append(Support(status="no", engine=engine, kind="device", backend="cuda", arch="cpu", format=fmt,
                                    note="SGLang needs a CUDA GPU; none is visible (give --gpu/--gpu-memory/--gpus "
                                         "to check for another machine)", source="sglang install docs [gk]"))
+    tp, dp = _num(v.get(f["tp"]), int) or 1, _num(v.get(f["dp"]), int) or 1
+    ep_val = v.get(f["ep"])
+    ep_size = tp * dp if ep_val is True else (_num(ep_val, int) or 1)
+    rep.parallel_problems = parallel_problems(rep.model, tp, dp, ep_size, hw.gpus if hw.arch != "cpu" else None, f)
     if rep.model:
-        ep = v.get(f["ep"])
         kv_space = _num(env.get("VLLM_CPU_KVCACHE_SPACE"))
+        dtype = v.get(f["dtype"])
         rep.forecast = forecast(
-            rep.model, engine=engine, tp=_num(v.get(f["tp"]), int) or 1, dp=_num(v.get(f["dp"]), int) or 1,
-            ep=ep is True or (_num(ep, int) or 1) > 1, gpu_memory=hw.gpu_memory if hw.arch != "cpu" else None,
-            n_gpus=hw.gpus, mem_fraction=_num(v.get(f["fraction"])), fraction_default=adapter.memory_fraction_default,
-            fraction_flag=adapter.memory_fraction_flag, kv_dtype=_kv_dtype(v.get(f["kv"]), v.get("--dtype")),
-            context_len=_num(v.get(f["ctx"]), int), host_limit=hw.host_limit,
-            cpu_kv_bytes=int(kv_space * GiB) if kv_space else None)
+            rep.model, engine=engine, tp=tp, dp=dp, ep=ep_size > 1, gpu_memory=hw.gpu_memory if hw.arch != "cpu" else None,
+            n_gpus=None if rep.parallel_problems else hw.gpus, mem_fraction=_fraction(v.get(f["fraction"])),
+            fraction_default=adapter.memory_fraction_default, fraction_flag=adapter.memory_fraction_flag,
+            kv_dtype=_kv_dtype(v.get(f["kv"]), dtype), context_len=_num(v.get(f["ctx"]), int),
+            host_limit=hw.host_limit, cpu_kv_bytes=int(kv_space * GiB) if kv_space else None,
+            dtype_bytes=4.0 if dtype in ("float32", "float") else None)
     rep.verdict = _verdict(rep, fmt)
     return rep
 
@@ -146,6 +203,11 @@ def _verdict(rep: CheckReport, fmt: str) -> Verdict:
     if rep.flag_problems:
         cause = Cause.bad_args
         advice.append("fix the flags above (nearest valid spellings are given)")
+    for p in rep.parallel_problems:
+        ev.append(Evidence(kind="parallel", text=p, source="the model's config.json and the parallel sizes"))
+    if rep.parallel_problems:
+        cause = Cause.bad_args
+        advice.append("choose parallel sizes that the GPUs and the model's shape allow")
     for s in rep.support:
         if s.status in ("no", "caveat"):
             ev.append(Evidence(kind="support", source=s.source,

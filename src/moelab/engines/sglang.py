@@ -65,6 +65,17 @@ class SglangAdapter(CataloguedAdapter):
     # this value when the flag is absent and says so in the forecast.
     memory_fraction_default: ClassVar[float] = 0.88
     tp_flags: ClassVar[tuple[str, ...]] = ("--tp-size", "--tensor-parallel-size")
+    flag_roles: ClassVar[dict[str, str]] = dict(
+        tp="--tp-size", dp="--dp-size", ep="--ep-size", fraction="--mem-fraction-static", kv="--kv-cache-dtype",
+        ctx="--context-length", quant="--quantization", dtype="--dtype", model="--model-path")
+    # argparse types of SGLang's ServerArgs; the fraction is a share of the GPU's memory
+    value_rules: ClassVar[dict[str, tuple]] = {
+        "--tp-size": ("int", 1, None, False), "--dp-size": ("int", 1, None, False), "--ep-size": ("int", 1, None, False),
+        "--pp-size": ("int", 1, None, False), "--mem-fraction-static": ("float", 0, 1, True),
+        "--max-running-requests": ("int", 1, None, False), "--cuda-graph-max-bs": ("int", 1, None, False),
+        "--context-length": ("int", 1, None, False), "--max-total-tokens": ("int", 1, None, False),
+        "--chunked-prefill-size": ("int", -1, None, False), "--max-prefill-tokens": ("int", 1, None, False),
+        "--random-seed": ("int", None, None, False), "--port": ("int", 1, 65535, False)}
     # SGLang's launch phases as its log announces them (sglang#8741 shows the sequence).
     phase_patterns: ClassVar[tuple[tuple[str, str], ...]] = (
         (r"Load weight begin|Loading safetensors checkpoint shards", "loading_weights"),

@@ -74,6 +74,17 @@ class VllmAdapter(CataloguedAdapter):
     memory_fraction_flag: ClassVar[str] = "--gpu-memory-utilization"
     memory_fraction_default: ClassVar[float] = 0.9  # vLLM's default (--help)
     tp_flags: ClassVar[tuple[str, ...]] = ("--tensor-parallel-size", "-tp")
+    flag_roles: ClassVar[dict[str, str]] = dict(
+        tp="--tensor-parallel-size", dp="--data-parallel-size", ep="--enable-expert-parallel",
+        fraction="--gpu-memory-utilization", kv="--kv-cache-dtype", ctx="--max-model-len", quant="--quantization",
+        dtype="--dtype", model="--model")
+    # argparse types of vLLM's EngineArgs and CacheConfig's range for the memory fraction
+    value_rules: ClassVar[dict[str, tuple]] = {
+        "--tensor-parallel-size": ("int", 1, None, False), "--pipeline-parallel-size": ("int", 1, None, False),
+        "--data-parallel-size": ("int", 1, None, False), "--max-num-seqs": ("int", 1, None, False),
+        "--max-num-batched-tokens": ("int", 1, None, False), "--gpu-memory-utilization": ("float", 0, 1, True),
+        "--max-model-len": ("int", 1, None, False), "--swap-space": ("float", 0, None, False),
+        "--seed": ("int", None, None, False), "--port": ("int", 1, 65535, False)}
     # vLLM's launch phases as its log announces them (vLLM 0.32 wording; see tests/logs/vllm-*).
     phase_patterns: ClassVar[tuple[tuple[str, str], ...]] = (
         (r"Starting to load model|Loading safetensors checkpoint shards|Loading weights took", "loading_weights"),
