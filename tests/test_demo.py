@@ -42,11 +42,13 @@ def test_demo_runs_a_staged_study_with_a_real_failure_and_a_prune(tmp_path):
                                                                ("pruned", "unsupported_arch")]
         assert "triton" in triton[0]["reason"] and f"trial {triton[0]['id']}" in triton[1]["reason"]
     rec = s["recommendation"]
-    assert rec["command"].startswith("moelab serve --preset tiny") and rec["n"] >= 3
+    assert rec["command"].startswith("moelab serve --preset digits") and rec["n"] >= 3
     assert rec["ci95"][0] <= rec["output_tps"] <= rec["ci95"][1]
+    assert rec["accuracy"] >= 0.95  # the trained preset answers its held-out items
     html = open(s["report_html"]).read()
-    assert "<script" not in html and "Recommended launch command" in html
-    assert open(s["report_md"]).read().startswith("# moelab study: demo")
+    assert "<script" not in html and "Recommended launch command" in html and "<th>accuracy</th>" in html
+    md = open(s["report_md"]).read()
+    assert md.startswith("# moelab study: demo") and "Task accuracy of the pick" in md
 
 
 def test_axis_the_engine_does_not_accept_is_refused(tmp_path):

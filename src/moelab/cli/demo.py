@@ -1,6 +1,7 @@
 """`moelab demo`: a real staged study of the embedded engine on this machine, report included.
 
-MoE runner backends (reference, grouped, triton) x weight formats (none, fp8, nvfp4), then
+The trained `digits` preset; MoE runner backends (reference, grouped, triton) x weight formats
+(none, fp8, nvfp4), each gated on task accuracy against the reference configuration, then
 --max-running-requests tuned on the survivors. On a CPU-only machine `triton` is refused by the
 engine itself (a real failure), and the other triton combinations are pruned before launch because
 that failure's evidence names the flag. Ends with the Markdown summary and the HTML report's path.
@@ -35,7 +36,8 @@ def demo(
              'install it: pip install torch -e ".[engine]" (CPU builds work)')
     out.mkdir(parents=True, exist_ok=True)
     store = out / "demo.db"
-    err_console.print(f"[bold]moelab demo[/]: staged study of the embedded engine (tiny preset) on this machine; "
+    err_console.print(f"[bold]moelab demo[/]: staged study of the embedded engine (the trained digits preset) on "
+                      f"this machine; "
                       f"store {store}")
     try:
         # Fresh measurements every run (no reuse of an earlier demo's verdicts); an interrupted demo

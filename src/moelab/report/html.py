@@ -51,6 +51,11 @@ def _rec(rec: dict | None, slo: dict) -> str:
         tie = f"<p class='muted'>Runner-up: {escape(r['label'])}, {r['output_tps']:.1f} tok/s ({interval_text(r)}).</p>"
     if rec.get("measured_once"):
         tie += "<p class='tie'>Measured once: no interval yet. Measure it again before trusting it.</p>"
+    if rec.get("accuracy") is not None:
+        tie += f"<p class='muted'>Task accuracy of the pick: {rec['accuracy']:.1%} (the study's accuracy gate).</p>"
+    for g in rec.get("faster_below_accuracy_gate") or []:
+        tie += (f"<p class='tie'>Not recommended although faster: {escape(g['label'])} {g['output_tps']:.1f} tok/s: "
+                f"{escape(g['why'])}.</p>")
     slos = ", ".join(f"{k} &le; {v:g}" for k, v in slo.items() if v is not None)
     return (f"<div class='card rec'><div class='muted'>Recommended launch command</div>"
             f"<div class='big'>{escape(rec['label'])}: {rec['output_tps']:.1f} output tok/s "
@@ -107,6 +112,19 @@ def _matrix(m: dict | None) -> str:
             f"<table class='matrix'><tr><th>{corner}</th>{head}</tr>{''.join(rows)}</table>{note}")
 
 
+def _gated(configs: dict) -> str:
+    rows = []
+    for c in sorted(configs.values(), key=lambda c: -c["mean"]):
+        why = "; ".join(f for f in c["slo_failures"] if f.startswith("below the accuracy gate"))
+        if why:
+            rows.append(f"<tr><td>{escape(c['label'])}</td><td class='num'>{c['mean']:.1f}</td>"
+                        f"<td class='num'>{c.get('accuracy', 0):.1%}</td><td>{escape(why)}</td></tr>")
+    if not rows:
+        return ""
+    return ("<h2>Below the accuracy gate (never recommended)</h2><table><tr><th>configuration</th>"
+            "<th>output tok/s</th><th>accuracy</th><th>why</th></tr>" + "".join(rows) + "</table>")
+
+
 def _ranked(ranked: list[dict], picked: str | None = None) -> str:
     if not ranked:
         return ""
@@ -118,11 +136,12 @@ def _ranked(ranked: list[dict], picked: str | None = None) -> str:
                f"stroke-width='4'/><circle cx='{m_x:.1f}' cy='7' r='4' fill='#1d2330'/></svg>")
         ci = f"{c['low']:.1f}-{c['high']:.1f}" if len(c["samples"]) > 1 else "measured once"
         mark = " <b>(recommended)</b>" if c["label"] == picked else ""
+        acc = f"{c['accuracy']:.1%}" if c.get("accuracy") is not None else "-"
         rows.append(f"<tr><td>{escape(c['label'])}{mark}</td><td class='num'>{c['mean']:.1f}</td>"
                     f"<td class='num'>{ci}</td><td class='num'>{len(c['samples'])}</td>"
-                    f"<td>{bar}</td></tr>")
+                    f"<td class='num'>{acc}</td><td>{bar}</td></tr>")
     return ("<h2>Configurations that work, fastest first</h2><table><tr><th>configuration</th><th>output tok/s</th>"
-            "<th>95% CI</th><th>n</th><th>interval</th></tr>" + "".join(rows) + "</table>")
+            "<th>95% CI</th><th>n</th><th>accuracy</th><th>interval</th></tr>" + "".join(rows) + "</table>")
 
 
 def _trial(t: dict) -> str:
@@ -168,4 +187,5 @@ def render(data: dict) -> str:
             + ("" if s["spec"].get("strategy") == "bisect" else _rec(data["recommendation"], data["slo"])) + _bisect((s.get("extra") or {}).get("bisect"))
             + f"<div class='legend'>{causes}</div>" + _search(data.get("search") or []) + _matrix(data["matrix"])
             + "<h2>Throughput and latency</h2><div class='card'>" + tradeoff(data["curves"], data["pareto"]) + "</div>"
-            + _ranked(data["ranked"], (data["recommendation"] or {}).get("label")) + f"<h2>Trials</h2>{trials}</main></body></html>\n")
+            + _ranked(data["ranked"], (data["recommendation"] or {}).get("label")) + _gated(data["configs"])
+            + f"<h2>Trials</h2>{trials}</main></body></html>\n")

@@ -22,6 +22,10 @@ def recommendation_md(rec: dict | None, slo: dict) -> list[str]:
     elif rec.get("runner_up"):
         r = rec["runner_up"]
         lines += [f"Runner-up: `{r['label']}` {r['output_tps']:.1f} tok/s ({interval_text(r)}).", ""]
+    if rec.get("accuracy") is not None:
+        lines += [f"Task accuracy of the pick: {rec['accuracy']:.1%} (the study's accuracy gate).", ""]
+    for g in rec.get("faster_below_accuracy_gate") or []:
+        lines += [f"Not recommended although faster: `{g['label']}` {g['output_tps']:.1f} tok/s: {g['why']}.", ""]
     for u in rec.get("unrepeated_faster") or []:
         lines += [f"Not recommended although faster once: `{u['label']}` {u['output_tps']:.1f} tok/s (measured once; "
                   "a single measurement is not repeated evidence).", ""]
@@ -77,13 +81,25 @@ def render(data: dict) -> str:
                        "and every failure among them.")
         out.append("")
     if data["ranked"]:
+        acc = any(c.get("accuracy") is not None for c in data["configs"].values())
         out += ["## Configurations that work, fastest first", "",
-                "| configuration | output tok/s | 95% CI | n |", "|---|---:|---|---:|"]
+                "| configuration | output tok/s | 95% CI | n |" + (" accuracy |" if acc else ""),
+                "|---|---:|---|---:|" + ("---:|" if acc else "")]
         picked = rec["label"] if rec else None
         for c in data["ranked"]:
             ci = f"{c['low']:.1f}-{c['high']:.1f}" if len(c["samples"]) > 1 else "measured once"
             mark = " **(recommended)**" if c["label"] == picked else ""
-            out.append(f"| {_cell(c['label'])}{mark} | {c['mean']:.1f} | {ci} | {len(c['samples'])} |")
+            a = (f" {c['accuracy']:.1%} |" if c.get("accuracy") is not None else " - |") if acc else ""
+            out.append(f"| {_cell(c['label'])}{mark} | {c['mean']:.1f} | {ci} | {len(c['samples'])} |{a}")
+        out.append("")
+    gated = [c for c in data["configs"].values() if any(f.startswith("below the accuracy gate")
+                                                          for f in c["slo_failures"])]
+    if gated:
+        out += ["## Below the accuracy gate (never recommended)", "",
+                "| configuration | output tok/s | accuracy | why |", "|---|---:|---:|---|"]
+        for c in sorted(gated, key=lambda c: -c["mean"]):
+            why = "; ".join(f for f in c["slo_failures"] if f.startswith("below the accuracy gate"))
+            out.append(f"| {_cell(c['label'])} | {c['mean']:.1f} | {c.get('accuracy', 0):.1%} | {_cell(why)} |")
         out.append("")
     if data["pareto"]:
         out += ["Pareto front (throughput vs p90 latency): " + "; ".join(

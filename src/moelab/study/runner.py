@@ -125,6 +125,7 @@ class StudyRunner:
             out = run_trial(spec, self.out_dir / f"trial-{tid:04d}", flags=flags, workload=self.study.workload,
                             slo=self.study.slo.model_dump(), reference=self.reference, loads=loads,
                             concurrency=self.study.workload.concurrency, record_reference_to=record_reference,
+                            accuracy=self.study.accuracy, answers=self.out_dir / "reference-answers.json",
                             on_progress=lambda p: self.on_event({"event": "progress", "id": tid, **p}))
         except BaseException:  # Ctrl-C / SIGTERM: the supervisor has torn down; mark it for a rerun
             self.store.finish_trial(tid, status="interrupted", verdict=Verdict(

@@ -142,6 +142,20 @@ class Staged(_Strict):
     repeats: int = Field(3, ge=2)  # measurements per finalist for the confidence interval
 
 
+class Accuracy(_Strict):
+    """The accuracy gate: after the probe, `n` items of `task` at `concurrency`, paired with the
+    reference configuration's answers (moelab.evaluate's rule: paired difference >= -delta, delta
+    the larger of `delta` and the noise of n items at `confidence`). Without a reference the gate
+    is `min` alone. A configuration below the gate is never recommended."""
+
+    task: str = "digits"  # a bundled task, a .jsonl of prompt/answer, or lm-eval:NAME
+    n: int | None = Field(200, gt=0)
+    delta: float = Field(0.0, ge=0, le=1)  # an allowed loss on top of the statistical one
+    min: float | None = Field(None, ge=0, le=1)  # an absolute floor on accuracy
+    concurrency: int = Field(8, gt=0)
+    confidence: float = Field(0.95, gt=0.5, lt=1)
+
+
 class Launch(_Strict):
     timeout_s: float = Field(300, gt=0)
     memory_limit_gib: float | None = Field(None, gt=0)
@@ -158,6 +172,7 @@ class StudyFile(_Strict):
     workload: Workload = Field(default_factory=Workload)
     slo: SLO = Field(default_factory=SLO)
     reference: dict[str, FlagValue] | None = None  # flags over base for the probe's reference config
+    accuracy: Accuracy | None = None  # a task accuracy gate after the probe (see Accuracy)
     budget: Budget = Field(default_factory=Budget)
     strategy: Literal["grid", "one-factor", "staged", "bisect"] = "staged"
     staged: Staged = Field(default_factory=Staged)

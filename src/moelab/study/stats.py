@@ -69,8 +69,15 @@ def by_config(trials: list[dict], slo: dict) -> dict[str, dict]:
         c["trials"].append(t["id"])
         c["slo_failures"] = sorted(set(c["slo_failures"]) | set(slo_failures(p, slo)))
         c["valid"] = c["valid"] and p.get("valid", True)
+        acc = (t.get("metrics") or {}).get("accuracy")
+        if acc is not None:
+            c.setdefault("accuracy", []).append(acc["accuracy"])
+            if not acc["passed"]:
+                c["slo_failures"] = sorted(set(c["slo_failures"]) | {f"below the accuracy gate: {acc['why']}"})
     for c in out.values():
         c["mean"], c["low"], c["high"] = t_interval(c["samples"]) if c["samples"] else (0.0, 0.0, 0.0)
+        if c.get("accuracy"):
+            c["accuracy"] = round(sum(c["accuracy"]) / len(c["accuracy"]), 4)
     return out
 
 
@@ -146,7 +153,10 @@ def recommend(trials: list[dict], slo: dict, base: dict | None = None) -> dict |
     def brief(c: dict) -> dict:
         return {"label": c["label"], "output_tps": c["mean"], "ci95": [c["low"], c["high"]], "n": len(c["samples"])}
 
+    gated = [brief(c) | {"why": "; ".join(c["slo_failures"])} for c in by_config(trials, slo).values()
+             if any(f.startswith("below the accuracy gate") for f in c["slo_failures"]) and c["mean"] > best["mean"]]
     return {**brief(best), "flags": best["flags"], "changes": best["changes"], "command": command_line(src),
+            "accuracy": best.get("accuracy"), "faster_below_accuracy_gate": gated,
             "trial": src["id"], "valid": best["valid"], "decided_by": decided, "measured_once": not repeated,
             "tie": [brief(c) for c in ties], "unrepeated_faster": [brief(c) for c in r if len(c["samples"]) < 2
                                                                    and c["mean"] > best["mean"]],

@@ -46,6 +46,32 @@ def point_metrics(res, concurrency: int) -> dict:
             "achieved_concurrency": res.delivered.get("concurrency")}
 
 
+def accuracy_gate(srv, acc, answers: Path | None, record: bool) -> dict:
+    """The task's exact-match accuracy on this server and the paired decision against the reference
+    answers; `record`: this is the reference, its answers are written to `answers`."""
+    from moelab.evaluate import evaluate, load_answers, save_answers
+
+    ref = load_answers(answers) if answers is not None and answers.exists() and not record else None
+    rep = evaluate(srv.url, acc.task, model=srv.model, n=acc.n, concurrency=(acc.concurrency,), reference=ref,
+                   confidence=acc.confidence, min_delta=acc.delta)
+    run = rep.points[-1].run
+    dec = rep.points[-1].decision
+    if record and answers is not None:
+        save_answers(run, answers)
+    reasons = []
+    if run.errors:
+        reasons.append(f"{run.errors} of {run.n} requests failed")
+    if dec is not None and not dec.passed:
+        reasons.append(f"accuracy {run.accuracy:.1%} against the reference's {dec.reference_correct / dec.n:.1%}: "
+                       f"paired difference {dec.difference:+.1%} < -{dec.delta:.1%} ({dec.lost} lost, "
+                       f"{dec.gained} gained of {dec.n})")
+    if acc.min is not None and run.accuracy < acc.min:
+        reasons.append(f"accuracy {run.accuracy:.1%} < the floor {acc.min:.1%}")
+    return {"task": run.task, "n": run.n, "correct": run.correct, "accuracy": round(run.accuracy, 4),
+            "concurrency": run.concurrency, "errors": run.errors, "passed": not reasons, "why": "; ".join(reasons),
+            "decision": dec.model_dump() if dec is not None else None, "reference": record}
+
+
 def _client_error(srv, phase: Phase, e: Exception) -> Verdict:
     """A probe/load client error: the server's death or hang explains it, else it is the verdict."""
     from moelab.spec import Cause, Evidence
@@ -57,8 +83,11 @@ def _client_error(srv, phase: Phase, e: Exception) -> Verdict:
 
 def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: dict, reference: Path | None,
               loads: int, concurrency: list[int], record_reference_to: Path | None = None,
-              on_progress: Callable[[dict], None] | None = None) -> TrialOutcome:
-    """Launch, probe (against `reference`), then `loads` repeats of every load point (0: screen only)."""
+              on_progress: Callable[[dict], None] | None = None, accuracy=None,
+              answers: Path | None = None) -> TrialOutcome:
+    """Launch, probe (against `reference`), the accuracy gate (`accuracy`, paired with the reference
+    answers in `answers`; the reference trial writes them there), then `loads` repeats of every
+    load point (0: screen only)."""
     from moelab.launch import Supervisor
     from moelab.load import SLO, Workload, run_load
     from moelab.probe import record_reference, run_probe
@@ -80,6 +109,15 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
             except Exception as e:  # the probe could not talk to it: did the server die or hang?
                 _client_error(srv, Phase.probe, e)
             v = srv.alive_verdict()
+        acc = None
+        if v is None and accuracy is not None and (loads or record_reference_to is not None):
+            if on_progress:
+                on_progress({"phase": f"accuracy {accuracy.task}"})
+            try:
+                acc = accuracy_gate(srv, accuracy, answers, record=record_reference_to is not None)
+            except Exception as e:
+                v = _client_error(srv, Phase.probe, e)
+            v = v or srv.alive_verdict()
         for r in range(loads if v is None else 0):
             srv.set_phase(Phase.load)
             for c in concurrency:
@@ -108,5 +146,7 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
                 break
     result = srv.result
     metrics = {"points": points, "repeats": repeats} if points else None
+    if acc is not None:
+        metrics = {**(metrics or {}), "accuracy": acc}
     return TrialOutcome(verdict=result.verdict, metrics=metrics, samples=samples, telemetry=result.telemetry,
                         paths=result.paths, command=result.command, timings=result.timings)
