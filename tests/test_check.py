@@ -175,10 +175,3 @@ def test_matrix_backends_exist_in_the_engines_catalogues():
 ])
 def test_lookup(engine, kind, backend, arch, fmt, status):
     assert support.lookup(engine, kind, backend, arch, fmt).status == status
-
-
-def test_format_of():
-    assert support.format_of("modelopt_fp4") == "nvfp4"
-    assert support.format_of(None, "fp8") == "fp8"
-    assert support.format_of("modelopt", "nvfp4") == "nvfp4"  # SGLang maps modelopt by the checkpoint
-    assert support.format_of(None) == "bf16"

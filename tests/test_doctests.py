@@ -6,7 +6,7 @@ import importlib
 
 import pytest
 
-MODULES = ["moelab.study.attribute", "moelab.study.search", "moelab.study.spec", "moelab.diagnose.tailor",
+MODULES = ["moelab.formats", "moelab.study.attribute", "moelab.study.search", "moelab.study.spec", "moelab.diagnose.tailor",
            "moelab.engines.preflight"]
 
 

@@ -177,7 +177,8 @@ def weigh(rep, store: Path) -> list[Knowledge]:
     from moelab.audit.run import cached
     from moelab.engines import ENGINES
     from moelab.engines.flags import parse_args
-    from moelab.engines.support import KIND_FLAGS, format_of, lookup
+    from moelab.engines.support import KIND_FLAGS, lookup
+    from moelab.formats import of_launch
 
     adapter = ENGINES.create(rep.engine)
     name = adapter.source_profile()
@@ -200,7 +201,7 @@ def weigh(rep, store: Path) -> list[Knowledge]:
     wanted = [(s.kind, s.backend, s) for s in rep.support if s.kind in same_kind]
     quant = values.get(next((f for f, s in profile.flags.items() if s.kind == "quantization"), ""))
     if isinstance(quant, str) and quant not in ("auto", "None"):
-        wanted.append(("quantization", quant, lookup(rep.engine, "quantization", quant, arch, format_of(quant))))
+        wanted.append(("quantization", quant, lookup(rep.engine, "quantization", quant, arch, of_launch(quant))))
     for kind, backend, curated in wanted:
         flag = next(f for f, s in profile.flags.items() if s.kind == kind) if any(
             s.kind == kind for s in profile.flags.values()) else same_kind[kind][0]

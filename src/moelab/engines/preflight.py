@@ -15,7 +15,8 @@ from pydantic import BaseModel, Field
 from moelab.audit.knowledge import Knowledge
 from moelab.engines import ENGINES
 from moelab.engines.flags import FlagProblem, parse_args
-from moelab.engines.support import Support, check_flags, format_of, rows
+from moelab.engines.support import Support, check_flags, rows
+from moelab.formats import of_launch
 from moelab.forecast import Forecast, ModelInfo, forecast, load_model
 from moelab.spec import Cause, Evidence, Phase, Verdict
 
@@ -165,7 +166,7 @@ def check_command(engine: str, args: list[str], hw: Hardware, env: dict[str, str
             rep.model = load_model(model_arg)
         except (FileNotFoundError, ValueError, KeyError) as e:
             rep.model_error = str(e)
-    fmt = format_of(v.get(f["quant"]) if isinstance(v.get(f["quant"]), str) else None,
+    fmt = of_launch(v.get(f["quant"]) if isinstance(v.get(f["quant"]), str) else None,
                     rep.model.quant_format if rep.model else None)
     rep.support = check_flags(engine, v, hw.arch, fmt)
     if hw.arch == "cpu" and engine == "sglang":

@@ -22,12 +22,6 @@ KIND_FLAGS = {
              "--attention-config.backend": "attention"},
 }
 # --quantization value -> weight format the matrix is keyed by (notes §1.2, §5).
-QUANT_FORMAT = {
-    "modelopt_fp4": "nvfp4", "nvfp4_online": "nvfp4", "petit_nvfp4": "nvfp4", "nvfp4": "nvfp4",
-    "fp8": "fp8", "modelopt_fp8": "fp8", "w8a8_fp8": "fp8", "mxfp8": "mxfp8", "mxfp4": "mxfp4",
-    "awq": "int4", "gptq": "int4", "awq_marlin": "int4", "gptq_marlin": "int4", "moe_wna16": "int4",
-    "unquant": "bf16",
-}
 # A backend kind only matters for some formats: an FP4 GEMM backend is unused by a bf16 model.
 KIND_FORMATS = {"fp4_gemm": {"nvfp4"}, "fp8_gemm": {"fp8"}}
 
@@ -80,13 +74,6 @@ def lookup(engine: str, kind: str, backend: str, arch: str, fmt: str) -> Support
             return Support(status="no", note=r.why_not, source=r.source, **base)
         return Support(status="unknown", note=f"no data for {arch}", source=r.source, **base)
     return Support(status="unknown", note="no row in the support matrix", **base)
-
-
-def format_of(quantization: str | None, checkpoint_format: str | None = None) -> str:
-    """Weight format from --quantization, else from the checkpoint's own quant config, else bf16."""
-    if quantization and quantization not in ("auto", "None", "modelopt"):
-        return QUANT_FORMAT.get(quantization, quantization)
-    return checkpoint_format or "bf16"
 
 
 def check_flags(engine: str, values: dict, arch: str, fmt: str) -> list[Support]:

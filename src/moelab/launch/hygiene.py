@@ -33,12 +33,6 @@ def gpu_back(baseline: list[int] | None, tolerance: int = 256 << 20, timeout: fl
         time.sleep(0.2)
 
 
-def weight_format(quantization: str | None) -> str | None:
-    """The probe's tolerance class from --quantization: nvfp4 (modelopt_fp4, nvfp4 ...), fp8, or None."""
-    q = (quantization or "").lower()
-    return "nvfp4" if "fp4" in q else "fp8" if "fp8" in q else None
-
-
 def run_probe_gate(url: str, model: str | None, reference, notes: list[str], weight_format: str | None = None,
                    api_key: str | None = None):
     """The probe's verdict after readiness (None when it passes or is not installed yet).

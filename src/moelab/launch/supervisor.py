@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 
 from moelab.diagnose import classify
+from moelab.formats import probe_class
 from moelab.launch import hygiene, kernellog, preflight, readiness, trial, verdicts
 from moelab.launch.cgroup import MemoryCgroup
 from moelab.launch.guardian import Guardian
@@ -217,7 +218,7 @@ class Supervisor:
         t = time.monotonic()
         try:
             v = hygiene.run_probe_gate(self.url, self.model, self.reference, self.notes,
-                                       hygiene.weight_format(self.spec.flag("--quantization")), self.spec.api_key)
+                                       probe_class(self.spec.flag("--quantization")), self.spec.api_key)
         except Exception as e:  # the probe could not even talk to the server: did it die or hang?
             self.notes.append(f"probe raised {type(e).__name__}: {e}")
             return self.alive_verdict() or self._fail(Verdict(cause=Cause.unknown, phase=Phase.probe,

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from moelab.formats import probe_class
 from moelab.spec import LaunchSpec, Phase, Verdict
 
 
@@ -23,16 +24,6 @@ class TrialOutcome:
     paths: dict = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
     timings: dict = field(default_factory=dict)
-
-
-def weight_format(flags: dict) -> str | None:
-    """The probe's tolerance class from --quantization (bf16 < fp8 < nvfp4), None for unquantized."""
-    q = str(flags.get("--quantization") or "").lower()
-    if "fp4" in q:
-        return "nvfp4"
-    if "fp8" in q:
-        return "fp8"
-    return None
 
 
 def point_metrics(res, concurrency: int) -> dict:
@@ -93,7 +84,7 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
     from moelab.probe import record_reference, run_probe
 
     points, samples, repeats = [], [], []
-    fmt = weight_format(flags)
+    fmt = probe_class(flags.get("--quantization") if isinstance(flags.get("--quantization"), str) else None)
     with Supervisor(spec, out_dir, probe=False, on_progress=on_progress) as srv:
         v = srv.wait_ready()
         if v is None:
