@@ -8,7 +8,7 @@ import sys
 import pytest
 import yaml
 
-from moelab.engines import support
+from moelab.engines import ENGINES, support
 from moelab.engines.preflight import Hardware, check_command, split_command
 
 MOELAB = [sys.executable, "-c", "from moelab.cli import main; main()"]
@@ -145,7 +145,7 @@ def test_every_row_has_a_source_and_known_archs():
         assert set(r.works) | set(r.fails) | set(r.caveats) <= archs, r
         assert not set(r.works) & set(r.fails), r
         assert r.fails == [] or r.why_not, r  # a "no" always says why
-        assert r.kind in set(support.KIND_FLAGS["sglang"].values()) | set(support.KIND_FLAGS["vllm"].values())
+        assert r.kind in {k for e in ("sglang", "vllm") for k in ENGINES.create(e).kind_flags.values()}
 
 
 def test_matrix_backends_exist_in_the_engines_catalogues():

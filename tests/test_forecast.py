@@ -128,7 +128,7 @@ def test_does_not_fit_is_reported_with_numbers(tmp_path):
 def test_vllm_needs_one_full_sequence_of_kv(tmp_path):
     m = load_model(str(write_bf16(tmp_path / "m")))
     room = m.weight_bytes + 100 * 2 * L * KV * HD * 2  # KV for ~100 tokens after the weights
-    f = forecast(m, engine="vllm", gpu_memory=int(room / 0.9) + 1, n_gpus=1, context_len=512)
+    f = forecast(m, engine="vllm", gpu_memory=int(room / 0.9) + 1, n_gpus=1, context_len=512, refuses_short_kv=True)
     assert not f.fits and "less than one 512-token sequence" in f.problems[0]
     g = forecast(m, engine="sglang", gpu_memory=int(room / 0.88) + 1, n_gpus=1, context_len=512)
     assert g.fits and any("512-token" in n for n in g.notes)  # SGLang caps instead of refusing

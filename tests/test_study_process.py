@@ -1,4 +1,4 @@
-"""Tier 2: studies over real server processes (the fake engine in test_study_fakeserver.py).
+"""Tier 2: studies over real server processes (the fake engine tests/fakes/study_server.py).
 
 A `command`-engine study whose flags make the fake refuse, crash, serve garbage or serve well;
 resume after a real SIGTERM and a real SIGKILL of `moelab study`; reuse across studies; bisect.
@@ -20,7 +20,7 @@ import yaml
 from moelab.store import Store
 
 pytestmark = pytest.mark.process
-FAKE = Path(__file__).with_name("test_study_fakeserver.py")
+FAKE = Path(__file__).parent / "fakes" / "study_server.py"
 
 
 def write_study(tmp_path: Path, **kw) -> Path:
@@ -179,3 +179,13 @@ def test_a_budget_that_stops_the_plan_is_said_loudly_and_the_finalists_still_run
     md = subprocess.run([sys.executable, "-m", "moelab.cli", "report", str(store)], capture_output=True, text=True,
                         timeout=60).stdout
     assert "STOPPED BY THE BUDGET" in md
+
+
+def test_fake_decision_table():
+    sys.path.insert(0, str(FAKE.parent))
+    from study_server import answer, behaviour
+
+    assert behaviour("refuse", "none") == "refuse"
+    assert behaviour("fast", "q8") == "ima" and behaviour("fast", "none") == "ok" and behaviour("slow", "q8") == "ok"
+    assert behaviour("slow", "bad") == "garbage"
+    assert answer("p", 3, "ok") == answer("p", 3, "ok") != answer("p", 3, "bad")

@@ -191,7 +191,8 @@ def forecast(m: ModelInfo, *, engine: str, tp: int = 1, dp: int = 1, ep: bool = 
              fraction_default: float = 0.9, fraction_flag: str = "--mem-fraction-static",
              kv_dtype: str | None = None, context_len: int | None = None,
              host_limit: int | None = None, cpu_kv_bytes: int | None = None,
-             dense_bytes_per_rank: int | None = None, dtype_bytes: float | None = None) -> Forecast:
+             dense_bytes_per_rank: int | None = None, dtype_bytes: float | None = None,
+             refuses_short_kv: bool = False) -> Forecast:
     """Per-GPU weights, KV bytes per token and tokens that fit, host RAM while loading.
 
     Experts are split over tp (or tp*dp with expert parallelism); everything else over tp, unless
@@ -239,8 +240,9 @@ def forecast(m: ModelInfo, *, engine: str, tp: int = 1, dp: int = 1, ep: bool = 
             if ctx and f.kv_tokens < ctx:
                 msg = (f"KV cache room {f.kv_room_per_gpu / GiB:.1f} GiB per GPU holds {f.kv_tokens:,} tokens, "
                        f"less than one {ctx:,}-token sequence")
-                # vLLM refuses to start when one max-length sequence does not fit; SGLang caps.
-                (problems if engine == "vllm" else notes).append(msg)
+                # an engine that refuses to start when one max-length sequence does not fit (vLLM)
+                # fails here; the others cap the context
+                (problems if refuses_short_kv else notes).append(msg)
         f.host_ram_loading = int(ranks * (PROCESS_RAM + CUDA_CONTEXT_RAM + m.largest_file) + PROCESS_RAM)
         notes.append("host RAM while loading: per rank one process + CUDA context + one staged shard")
     else:

@@ -16,9 +16,10 @@ What it does, in SGLang's own words where SGLang has them:
   - speed: continuous batching with a step time set by the three backends and the batch size;
     a decode batch above --cuda-graph-max-bs runs eagerly, slower.
 
-`performance(flags, concurrency)` is the same model as a pure function: the bench uses it to know
-the true optimum of the space without launching anything. Timings are scaled so that a 2-core
-machine can stream them (a step is milliseconds, not microseconds).
+`performance(flags, concurrency)` is the same model as a pure function (steady state), and
+`workload_performance` the exact throughput of a study's closed-loop load on it: the bench uses them
+to know the true optimum of the space without launching anything. Timings are scaled so that a
+2-core machine can stream them (a step is tens of milliseconds, not microseconds).
 """
 from __future__ import annotations
 
@@ -46,7 +47,10 @@ GATE = {("moe", "flashinfer_trtllm"): "ValueError: Current platform does not sup
         ("fp4", "flashinfer_trtllm"): "RuntimeError: kernel requires 10.x architecture",
         ("attn", "trtllm_mha"): "ValueError: TRTLLM MHA backend is only supported on Blackwell GPUs (SM100)."}
 WEIGHTS, GRAPH_PER_BS, KV_SEQS_PER_UNIT = 0.30, 0.06 / 512, 420  # fractions of the GPU; sequences per unit of KV
-STEP_S, BATCH_SCALE, EAGER = 0.030, 48, 1.35
+# Seconds per decode step at batch 0 (MOELAB_SIM_STEP_S): slow enough that a 2-core machine's load
+# client streams every token of 192 concurrent requests without becoming the bottleneck.
+STEP_S = float(os.environ.get("MOELAB_SIM_STEP_S", "0.075"))
+BATCH_SCALE, EAGER = 48, 1.35
 CRASH_BATCH = 48
 # defaults at which, at 192 concurrent requests, both numeric knobs bind: the decode batch outgrows
 # the CUDA graphs (eager steps), and a larger graph size needs a larger memory fraction
@@ -118,6 +122,26 @@ def expected_cause(flags: dict, concurrency: int) -> str:
         return {"nan": "numerical_nan", "garbage": "garbage_output"}[kind]
     batch = min(concurrency, kv_seqs(fraction, graph_bs), int(flags.get("--max-running-requests", 1024)))
     return "illegal_memory_access" if batch >= CRASH_BATCH and crashes_under_load(moe, attn) else "ok"
+
+
+def workload_performance(flags: dict, concurrency: int, requests: int, output_len: int) -> float | None:
+    """Output tokens/s of the load a study runs (a closed loop of `concurrency` clients sending
+    `requests` requests of `output_len` tokens), exactly as this server serves it: requests are
+    admitted in waves of at most its KV capacity, each wave decodes output_len steps together, a
+    last wave runs with what is left. None where the launch fails or the server dies under it."""
+    if performance(flags, concurrency, output_len) is None:
+        return None
+    moe, fp4, attn = (flags.get(k, d) for k, d in (("--moe-runner-backend", "auto"), ("--fp4-gemm-backend", "auto"),
+                                                   ("--attention-backend", "flashinfer")))
+    fraction = float(flags.get("--mem-fraction-static", DEFAULT_FRACTION))
+    graph_bs = int(flags.get("--cuda-graph-max-bs", DEFAULT_GRAPH_BS))
+    cap = min(concurrency, kv_seqs(fraction, graph_bs), int(flags.get("--max-running-requests", 1024)))
+    left, took = requests, 0.0
+    while left > 0:
+        wave = min(cap, left)
+        took += output_len * step_s(moe, fp4, attn, wave, graph_bs)
+        left -= wave
+    return requests * output_len / took
 
 
 def behaviour(moe: str, fp4: str, attn: str) -> str:

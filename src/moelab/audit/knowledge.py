@@ -177,7 +177,8 @@ def weigh(rep, store: Path) -> list[Knowledge]:
     from moelab.audit.run import cached
     from moelab.engines import ENGINES
     from moelab.engines.flags import parse_args
-    from moelab.engines.support import KIND_FLAGS, lookup
+    from moelab.engines import ENGINES
+    from moelab.engines.support import lookup
     from moelab.formats import of_launch
 
     adapter = ENGINES.create(rep.engine)
@@ -195,7 +196,7 @@ def weigh(rep, store: Path) -> list[Knowledge]:
     fmt = (rep.verdict.detail or {}).get("format") or "bf16"
     arch = rep.hardware.arch
     same_kind = {}  # kind -> every flag that sets it (--attention-backend, --attention-config.backend ...)
-    for flag, kind in [*KIND_FLAGS.get(rep.engine, {}).items(), *((f, s.kind) for f, s in profile.flags.items())]:
+    for flag, kind in [*ENGINES.create(rep.engine).kind_flags.items(), *((f, s.kind) for f, s in profile.flags.items())]:
         same_kind.setdefault(kind, []).append(flag)
     out, support = [], []
     wanted = [(s.kind, s.backend, s) for s in rep.support if s.kind in same_kind]

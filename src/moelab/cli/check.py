@@ -41,13 +41,9 @@ def _hardware(gpu: str | None, gpu_memory: str | None, gpus: int | None, host_me
                              f"{', '.join(hw.KNOWN_ARCHES)} (or cpu)")
         return Hardware(arch=gpu, gpu_memory=parse_size(gpu_memory), gpus=gpus or 1,
                         source="given on the command line", host_limit=host_limit)
-    found = hw.gpus()
-    h = hw.host()
-    limit = host_limit or h.cgroup_memory_limit or h.ram_available
-    if not found:
-        return Hardware(arch="cpu", source=f"this machine: no GPU ({hw.nvml_status()})", host_limit=limit)
-    return Hardware(arch=found[0].sm, gpu_memory=min(g.memory_total for g in found), gpus=len(found),
-                    source=f"this machine (NVML): {len(found)} x {found[0].name}", host_limit=limit)
+    from moelab.engines.preflight import this_machine
+
+    return this_machine(host_limit)
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -1,14 +1,13 @@
 """Adapters for engines whose flags moelab reads from the engine's own `--help` (vLLM, SGLang).
 
 They share everything that follows from having a flag catalogue: checking a command line against
-it, the preflight verdict before launch, their rule file, and the environment fingerprint. Each
+it, the preflight verdict before launch, `moelab check`'s verdict for a study's candidates. Each
 subclass says how to find the engine, how to read its catalogue, and how to strip its command
 prefix (`vllm serve`, `python -m sglang.launch_server`) from a user's command line.
 """
 from __future__ import annotations
 
 from abc import abstractmethod
-from pathlib import Path
 from typing import ClassVar
 
 from moelab.engines.base import EngineAdapter
@@ -17,7 +16,6 @@ from moelab.spec import LaunchSpec
 
 
 class CataloguedAdapter(EngineAdapter):
-    rules_file: ClassVar[Path]
     # What moelab's check reads from a command line, by role, in the engine's own flag names:
     # tp, dp, ep (parallel sizes; ep may be a switch), fraction, kv (cache dtype), ctx (context
     # length), quant, dtype, model.
@@ -41,10 +39,12 @@ class CataloguedAdapter(EngineAdapter):
     def preflight(self, spec: LaunchSpec):
         return preflight_verdict(self.name, self.flag_catalogue(), self.engine_args(spec.args), spec.env)
 
-    def rules_path(self) -> Path:
-        return self.rules_file
+    def flag_names(self) -> frozenset[str] | None:
+        return frozenset(self.flag_catalogue().index())
 
-    def fingerprint(self) -> dict:
-        from moelab.hw import fingerprint
+    def check_launch(self, spec: LaunchSpec, hw=None):
+        """`moelab check`'s own verdict on the launch (flags, support matrix, memory forecast)."""
+        from moelab.engines.preflight import check_command, this_machine
 
-        return fingerprint(self.name, self.version())
+        rep = check_command(self.name, self.engine_args(spec.args), hw or this_machine(), spec.env)
+        return None if rep.verdict.ok else rep.verdict

@@ -13,15 +13,6 @@ from pydantic import BaseModel, Field
 
 MATRIX = Path(__file__).with_name("support_matrix.yaml")
 
-# Which flag selects which kind of backend, per engine (the engine's own flag names).
-KIND_FLAGS = {
-    "sglang": {"--moe-runner-backend": "moe_runner", "--fp4-gemm-backend": "fp4_gemm",
-               "--fp8-gemm-backend": "fp8_gemm", "--attention-backend": "attention",
-               "--prefill-attention-backend": "attention", "--decode-attention-backend": "attention"},
-    "vllm": {"--moe-backend": "moe_runner", "--attention-backend": "attention",
-             "--attention-config.backend": "attention"},
-}
-# --quantization value -> weight format the matrix is keyed by (notes §1.2, §5).
 # A backend kind only matters for some formats: an FP4 GEMM backend is unused by a bf16 model.
 KIND_FORMATS = {"fp4_gemm": {"nvfp4"}, "fp8_gemm": {"fp8"}}
 
@@ -76,10 +67,11 @@ def lookup(engine: str, kind: str, backend: str, arch: str, fmt: str) -> Support
     return Support(status="unknown", note="no row in the support matrix", **base)
 
 
-def check_flags(engine: str, values: dict, arch: str, fmt: str) -> list[Support]:
-    """Every backend flag on the command line, looked up for this arch and format."""
+def check_flags(engine: str, kind_flags: dict[str, str], values: dict, arch: str, fmt: str) -> list[Support]:
+    """Every backend flag on the command line (`kind_flags`: the adapter's flag -> backend kind),
+    looked up for this arch and format."""
     out = []
-    for flag, kind in KIND_FLAGS.get(engine, {}).items():
+    for flag, kind in kind_flags.items():
         v = values.get(flag)
         if not isinstance(v, str) or v in ("auto", "None"):
             continue

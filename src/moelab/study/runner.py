@@ -37,15 +37,10 @@ class BudgetSpent(Exception):
 
 
 def model_args(study: StudyFile) -> list[str]:
-    """The engine's own model argument(s) for `study.model` (flag names never renamed)."""
-    if study.engine == "command":
-        return list(study.command)
-    if not study.model:
-        return []
-    if study.engine == "embedded":
-        is_preset = "/" not in study.model and not Path(study.model).exists()
-        return ["--preset" if is_preset else "--model-path", study.model]
-    return ["--model" if study.engine == "vllm" else "--model-path", study.model]
+    """The study's server line (`command:`) and the engine's own model argument(s) for `study.model`."""
+    from moelab.engines import ENGINES
+
+    return [*study.command, *ENGINES.create(study.engine).model_args(study.model)]
 
 
 class StudyRunner:

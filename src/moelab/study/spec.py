@@ -210,8 +210,10 @@ class StudyFile(_Strict):
 
     @model_validator(mode="after")
     def _per_strategy(self) -> "StudyFile":
-        if self.engine == "command" and not self.command:
-            raise ValueError("engine: command needs `command:` (the server line, with {port})")
+        from moelab.engines import ENGINES
+
+        if ENGINES.create(self.engine).needs_command and not self.command:
+            raise ValueError(f"engine: {self.engine} needs `command:` (the server line, with {{port}})")
         if self.strategy == "bisect" and not self.bisect:
             raise ValueError("strategy: bisect needs `bisect:` (the failing flags, over base)")
         if self.strategy != "bisect" and not self.axes:

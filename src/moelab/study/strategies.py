@@ -56,12 +56,17 @@ def _finalists(r: StudyRunner) -> list[dict]:
 
 
 def score(t: dict | None, slo: dict) -> float | None:
-    """A trial's throughput at its primary load point; None where it failed, broke an SLO or its
-    measurement is not valid (what a search treats as a point that does not work)."""
+    """A trial's throughput at its primary load point; None where it failed or broke an SLO (what a
+    search treats as a point that does not work). A measurement the load generator marked not
+    valid (its own event loop lagged) still counts here: it is roughly right, and a point that
+    worked must not look like one that failed; the ranking prefers valid measurements."""
     if t is None or t.get("cause") != "ok":
         return None
     p = stats.primary(t.get("metrics"))
-    if p is None or p.get("output_tps") is None or stats.slo_failures(p, slo) or not p.get("valid", True):
+    if p is None or p.get("output_tps") is None or stats.slo_failures(p, slo):
+        return None
+    acc = (t.get("metrics") or {}).get("accuracy")
+    if acc is not None and not acc["passed"]:
         return None
     return p["output_tps"]
 
