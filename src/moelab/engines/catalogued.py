@@ -44,7 +44,10 @@ class CataloguedAdapter(EngineAdapter):
 
     def check_launch(self, spec: LaunchSpec, hw=None):
         """`moelab check`'s own verdict on the launch (flags, support matrix, memory forecast)."""
-        from moelab.engines.preflight import check_command, this_machine
+        from moelab.engines.preflight import check_command, decide, this_machine
 
         rep = check_command(self.name, self.engine_args(spec.args), hw or this_machine(), spec.env)
+        if rep.flag_problems and self.preflight(spec) is None:  # MOELAB_NO_FLAG_CHECK=1: the engine decides
+            rep.flag_problems = []
+            rep.verdict = decide(rep)
         return None if rep.verdict.ok else rep.verdict

@@ -48,7 +48,8 @@ def _running(p) -> bool:
 class Supervisor:
     def __init__(self, spec: LaunchSpec, out_dir: Path, adapter=None, reference: Path | None = None,
                  probe: bool = True, force: bool = False, grace_s: float = 10.0, stall_after_s: float = 60.0,
-                 hang_timeout_s: float = 10.0, on_progress=None, use_cgroup: bool = True) -> None:
+                 hang_timeout_s: float = 10.0, on_progress=None, use_cgroup: bool = True,
+                 flags_checked: bool = False) -> None:
         from moelab.engines import ENGINES
 
         self.spec, self.reference, self.probe, self.force = spec, reference, probe, force
@@ -56,6 +57,7 @@ class Supervisor:
         self.dir = trial.new_trial_dir(Path(out_dir) if out_dir else None)
         self.grace_s, self.stall_after_s, self.hang_timeout_s = grace_s, stall_after_s, hang_timeout_s
         self.on_progress, self.use_cgroup = on_progress, use_cgroup
+        self.flags_checked = flags_checked  # the caller (a study's pruning) already ran the adapter's check
         self.port = spec.port
         if spec.api_key is None and self.adapter.api_key_in(spec.args):  # the key the server will want
             self.spec = spec = spec.model_copy(update={"api_key": self.adapter.api_key_in(spec.args)})
@@ -108,7 +110,7 @@ class Supervisor:
         self.notes += gpu_notes
         # The adapter's own check (flag catalogue of the installed engine): a bad flag is a verdict
         # before any process starts. MOELAB_NO_FLAG_CHECK=1 leaves the decision to the engine.
-        flags_bad = self.adapter.preflight(self.spec)
+        flags_bad = None if self.flags_checked else self.adapter.preflight(self.spec)
         if bad or gpu_bad or flags_bad:
             self.verdict = bad or gpu_bad or flags_bad
             return

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from moelab.spec import Cause, Evidence, LaunchSpec, Phase, Verdict
-from moelab.store import Store, trial_key
+from moelab.store import Store, TrialStatus, trial_key
 from moelab.study import attribute, prune
 from moelab.study.planner import Blame, Candidate, blame, to_args
 from moelab.study.spec import StudyFile
@@ -123,13 +123,14 @@ class StudyRunner:
                             accuracy=self.study.accuracy, answers=self.out_dir / "reference-answers.json",
                             on_progress=lambda p: self.on_event({"event": "progress", "id": tid, **p}))
         except BaseException:  # Ctrl-C / SIGTERM: the supervisor has torn down; mark it for a rerun
-            self.store.finish_trial(tid, status="interrupted", verdict=Verdict(
+            self.store.finish_trial(tid, status=TrialStatus.interrupted.value, verdict=Verdict(
                 cause=Cause.unknown, phase=Phase.launch, advice="Interrupted; runs again on resume.",
                 evidence=[Evidence(kind="interrupt", text="moelab was interrupted during this trial")]).model_dump(mode="json"))
             raise
         finally:
             os.environ.pop(OWNER, None)
-        self.store.finish_trial(tid, status="done", verdict=out.verdict.model_dump(mode="json"), metrics=out.metrics,
+        self.store.finish_trial(tid, status=TrialStatus.done.value, verdict=out.verdict.model_dump(mode="json"),
+                                metrics=out.metrics,
                                 samples=out.samples, telemetry={**out.telemetry, "timings": out.timings},
                                 paths=out.paths, command=out.command)
         t = self._get(tid)
@@ -148,7 +149,7 @@ class StudyRunner:
         return ""
 
     def _get(self, tid: int) -> dict:
-        return next(t for t in self.store.trials(self.study_id) if t["id"] == tid)
+        return self.store.trial(tid)
 
     def _pruned(self, cand: Candidate, spec: LaunchSpec, key: str, loads: int):
         """A function that stores the trial without launching it, or None when it must launch."""
@@ -169,12 +170,12 @@ class StudyRunner:
                                                text=f"reused the verdict of trial {reused['id']} (study "
                                                     f"{reused['study_id']}): same engine version, GPU, driver, model, "
                                                     f"flags and env; --rerun launches again"))
-                self.store.finish_trial(tid, status="reused", verdict=rv.model_dump(mode="json"),
+                self.store.finish_trial(tid, status=TrialStatus.reused.value, verdict=rv.model_dump(mode="json"),
                                         metrics=reused["metrics"], samples=reused["samples"],
                                         telemetry=reused["telemetry"], paths=reused["paths"],
                                         command=reused["command"], reused_from=reused["id"])
             else:
-                self.store.finish_trial(tid, status="pruned", verdict=v.model_dump(mode="json"))
+                self.store.finish_trial(tid, status=TrialStatus.pruned.value, verdict=v.model_dump(mode="json"))
             t = self._get(tid)
             self.on_event({"event": "pruned" if reused is None else "reused", "trial": t})
             return t

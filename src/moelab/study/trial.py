@@ -31,7 +31,7 @@ def point_metrics(res, concurrency: int) -> dict:
     m = res.metrics
     return {"concurrency": concurrency, "output_tps": round(m.output_throughput, 3),
             "request_tps": round(m.request_throughput, 3), "ttft_p50_ms": m.ttft_ms.p50, "ttft_p90_ms": m.ttft_ms.p90,
-            "tpot_p50_ms": m.tpot_ms.p50, "tpot_p90_ms": m.tpot_ms.p90, "e2e_p50_ms": m.e2e_ms.p50,
+            "tpot_p50_ms": m.tpot_ms.p50, "tpot_p90_ms": m.tpot_ms.p90, "itl_p90_ms": m.itl_ms.p90, "e2e_p50_ms": m.e2e_ms.p50,
             "e2e_p90_ms": m.e2e_ms.p90, "completed": m.completed, "failed": m.failed, "errors": m.errors,
             "goodput": m.goodput, "valid": res.valid, "invalid_reasons": res.invalid_reasons,
             "achieved_concurrency": res.delivered.get("concurrency")}
@@ -80,12 +80,13 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
     answers in `answers`; the reference trial writes them there), then `loads` repeats of every
     load point (0: screen only)."""
     from moelab.launch import Supervisor
-    from moelab.load import SLO, Workload, run_load
+    from moelab.load import SLO, run_load
     from moelab.probe import record_reference, run_probe
 
     points, samples, repeats = [], [], []
     fmt = probe_class(flags.get("--quantization") if isinstance(flags.get("--quantization"), str) else None)
-    with Supervisor(spec, out_dir, probe=False, on_progress=on_progress) as srv:
+    # the study's pruning ran the engine's launch check on this spec already: preflight once
+    with Supervisor(spec, out_dir, probe=False, on_progress=on_progress, flags_checked=True) as srv:
         v = srv.wait_ready()
         if v is None:
             srv.set_phase(Phase.probe)
@@ -114,9 +115,7 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
             for c in concurrency:
                 if on_progress:
                     on_progress({"phase": f"load c={c}" + (f" #{r + 1}" if loads > 1 else "")})
-                w = Workload(concurrency=c, input_len=workload.input_len, output_len=workload.output_len,
-                             num_prompts=workload.prompts_at(c), seed=workload.seed + r, slo=SLO(**slo),
-                             weight_format=fmt, max_loop_lag_ms=50.0)
+                w = workload.point(c, r, SLO(**slo), fmt)
                 try:
                     res = run_load(srv.url, w, model=srv.model, reference=reference, api_key=srv.spec.api_key)
                 except Exception as e:
