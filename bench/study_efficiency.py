@@ -91,7 +91,7 @@ def run_study(doc: dict, work: Path) -> tuple[dict, list[dict], float]:
 
 def score(summary: dict, trials: list[dict], optimum: float, name: str) -> dict:
     """Launches, the best-so-far curve, causes against the simulator's truth, the recommendation's ratio."""
-    from moelab.study.stats import primary
+    from moelab.study.ranking import primary
 
     launched = [t for t in trials if t["status"] == "done"]
     curve, best_m, best_true = [], 0.0, 0.0

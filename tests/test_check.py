@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from moelab.engines import ENGINES, support
-from moelab.engines.preflight import Hardware, check_command, split_command
+from moelab.engines.check import Hardware, check_command, split_command
 
 MOELAB = [sys.executable, "-c", "from moelab.cli import main; main()"]
 WORKED = ("python -m sglang.launch_server --model-path Qwen3.5-397B-A17B-NVFP4 --tp 8 --quantization modelopt_fp4 "

@@ -6,8 +6,8 @@ import importlib
 
 import pytest
 
-MODULES = ["moelab.formats", "moelab.study.attribute", "moelab.study.search", "moelab.study.spec", "moelab.diagnose.tailor",
-           "moelab.engines.preflight"]
+MODULES = ["moelab.formats", "moelab.study.attribute", "moelab.study.search", "moelab.study.file", "moelab.diagnose.tailor",
+           "moelab.engines.check"]
 
 
 @pytest.mark.parametrize("name", MODULES)

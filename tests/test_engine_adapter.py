@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from moelab.engines import ENGINES
-from moelab.engines.preflight import split_command
+from moelab.engines.check import split_command
 from moelab.store import Store
 from moelab.study import parse_study
 from moelab.study.prune import unknown_axes

@@ -171,7 +171,7 @@ def _norm(v: str) -> str:
 
 
 def weigh(rep, store: Path) -> list[Knowledge]:
-    """Knowledge for each backend choice of a `check` report (engines.preflight.CheckReport), and
+    """Knowledge for each backend choice of a `check` report (engines.check.CheckReport), and
     the report's support entries replaced by the decisions (launches winning)."""
     from moelab.audit.profile import load
     from moelab.audit.run import cached

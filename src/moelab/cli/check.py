@@ -30,7 +30,7 @@ def parse_size(text: str) -> int:
 
 def _hardware(gpu: str | None, gpu_memory: str | None, gpus: int | None, host_memory: str | None):
     from moelab import hw
-    from moelab.engines.preflight import Hardware
+    from moelab.engines.check import Hardware
 
     host_limit = parse_size(host_memory) if host_memory else None
     if gpu or gpu_memory or gpus:
@@ -41,7 +41,7 @@ def _hardware(gpu: str | None, gpu_memory: str | None, gpus: int | None, host_me
                              f"{', '.join(hw.KNOWN_ARCHES)} (or cpu)")
         return Hardware(arch=gpu, gpu_memory=parse_size(gpu_memory), gpus=gpus or 1,
                         source="given on the command line", host_limit=host_limit)
-    from moelab.engines.preflight import this_machine
+    from moelab.engines.check import this_machine
 
     return this_machine(host_limit)
 
@@ -59,7 +59,7 @@ def check(
 ) -> None:
     """Check an engine command line (after --) against flags, support matrix and memory forecast."""
     from moelab.cli.output import emit_json, fail
-    from moelab.engines.preflight import check_command, split_command
+    from moelab.engines.check import check_command, split_command
 
     argv = list(ctx.args)
     if not argv:
@@ -74,7 +74,7 @@ def check(
     from pathlib import Path
 
     from moelab.audit.knowledge import default_store, weigh
-    from moelab.engines.preflight import decide
+    from moelab.engines.check import decide
 
     rep.knowledge = weigh(rep, Path(store) if store else default_store())  # launches win over source and matrix
     rep.verdict = decide(rep)

@@ -86,7 +86,7 @@ class EngineAdapter(ABC):
         """The model the arguments name, when the adapter can tell."""
         return None
 
-    def preflight(self, spec: LaunchSpec):
+    def flag_check(self, spec: LaunchSpec):
         """A Verdict (phase preflight) when the engine would reject spec.args before starting
         (unknown flag or value in its flag catalogue), else None. Adapters without a catalogue
         accept everything. MOELAB_NO_FLAG_CHECK=1 turns the check off (the engine then decides)."""
@@ -123,5 +123,5 @@ class EngineAdapter(ABC):
     def check_launch(self, spec: LaunchSpec, hw=None):
         """A failed preflight Verdict that makes launching pointless, else None: the flag
         catalogue, the support matrix and the memory forecast where the engine has them."""
-        v = self.preflight(spec)
+        v = self.flag_check(spec)
         return v if v is not None and not v.ok else None

@@ -11,7 +11,7 @@ from abc import abstractmethod
 from typing import ClassVar
 
 from moelab.engines.base import EngineAdapter
-from moelab.engines.flags import Catalogue, FlagProblem, preflight_verdict, validate
+from moelab.engines.flags import Catalogue, FlagProblem, flag_verdict, validate
 from moelab.spec import LaunchSpec
 
 
@@ -36,18 +36,18 @@ class CataloguedAdapter(EngineAdapter):
         cat = self.flag_catalogue()
         return cat, validate(self.engine_args(args), cat)
 
-    def preflight(self, spec: LaunchSpec):
-        return preflight_verdict(self.name, self.flag_catalogue(), self.engine_args(spec.args), spec.env)
+    def flag_check(self, spec: LaunchSpec):
+        return flag_verdict(self.name, self.flag_catalogue(), self.engine_args(spec.args), spec.env)
 
     def flag_names(self) -> frozenset[str] | None:
         return frozenset(self.flag_catalogue().index())
 
     def check_launch(self, spec: LaunchSpec, hw=None):
         """`moelab check`'s own verdict on the launch (flags, support matrix, memory forecast)."""
-        from moelab.engines.preflight import check_command, decide, this_machine
+        from moelab.engines.check import check_command, decide, this_machine
 
         rep = check_command(self.name, self.engine_args(spec.args), hw or this_machine(), spec.env)
-        if rep.flag_problems and self.preflight(spec) is None:  # MOELAB_NO_FLAG_CHECK=1: the engine decides
+        if rep.flag_problems and self.flag_check(spec) is None:  # MOELAB_NO_FLAG_CHECK=1: the engine decides
             rep.flag_problems = []
             rep.verdict = decide(rep)
         return None if rep.verdict.ok else rep.verdict

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from moelab.launch.preflight import port_free
+from moelab.launch.machine import port_free
 from moelab.launch.telemetry import gpu_used_total
 
 

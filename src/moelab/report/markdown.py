@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from moelab.report.build import failures_text
-from moelab.study.stats import interval_text, primary, tie_sentence
+from moelab.study.ranking import interval_text, primary, tie_sentence
 
 
 def _cell(t: str) -> str:

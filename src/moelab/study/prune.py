@@ -29,7 +29,7 @@ def unknown_axes(engine: str, flags: list[str]) -> list[str]:
     return [f for f in flags if f.split("=", 1)[0] not in known]
 
 
-def preflight(spec: LaunchSpec, hw=None) -> Verdict | None:
+def launch_check(spec: LaunchSpec, hw=None) -> Verdict | None:
     """A preflight verdict that makes launching pointless, else None (the engine's adapter decides
     what it can check: flags, support matrix, memory forecast)."""
     from moelab.engines import ENGINES

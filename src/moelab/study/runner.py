@@ -17,7 +17,7 @@ from moelab.spec import Cause, Evidence, LaunchSpec, Phase, Verdict
 from moelab.store import Store, TrialStatus, trial_key
 from moelab.study import attribute, prune
 from moelab.study.planner import Blame, Candidate, blame, to_args
-from moelab.study.spec import StudyFile
+from moelab.study.file import StudyFile
 
 
 OWNER = "MOELAB_TRIAL_OWNER"  # "<store path>#<trial id>" in the environment of every trial process
@@ -154,7 +154,7 @@ class StudyRunner:
     def _pruned(self, cand: Candidate, spec: LaunchSpec, key: str, loads: int):
         """A function that stores the trial without launching it, or None when it must launch."""
         v = prune.blamed(cand.flags(self.study.base), self.rules) or prune.same_failure(key, self.failed_keys) \
-            or prune.preflight(spec)
+            or prune.launch_check(spec)
         reused = None
         if v is None and not self.rerun:  # --rerun: launch even where another study judged this key
             reused = self.store.verdict_for(key, self.study_id, need_metrics=loads > 0, stage=cand.stage)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 
-from moelab.study import planner, search, stats
+from moelab.study import planner, ranking, search
 from moelab.study.planner import Candidate
 from moelab.study.runner import BudgetSpent, StudyRunner
 
@@ -46,9 +46,9 @@ def _finalists(r: StudyRunner) -> list[dict]:
     def final(c: dict) -> dict:
         return r.trial(Candidate(tuple((k, v) for k, v in c["changes"] or []), "final"), loads=r.study.staged.repeats)
 
-    out = [final(c) for c in stats.ranked(finished(), slo, base)[: r.study.staged.finalists]]
+    out = [final(c) for c in ranking.ranked(finished(), slo, base)[: r.study.staged.finalists]]
     for _ in range(r.study.staged.finalists):
-        top = stats.ranked(finished(), slo, base)
+        top = ranking.ranked(finished(), slo, base)
         if not top or len(top[0]["samples"]) > 1:
             break
         out.append(final(top[0]))
@@ -62,8 +62,8 @@ def score(t: dict | None, slo: dict) -> float | None:
     worked must not look like one that failed; the ranking prefers valid measurements."""
     if t is None or t.get("cause") != "ok":
         return None
-    p = stats.primary(t.get("metrics"))
-    if p is None or p.get("output_tps") is None or stats.slo_failures(p, slo):
+    p = ranking.primary(t.get("metrics"))
+    if p is None or p.get("output_tps") is None or ranking.slo_failures(p, slo):
         return None
     acc = (t.get("metrics") or {}).get("accuracy")
     if acc is not None and not acc["passed"]:
@@ -204,8 +204,8 @@ def _tune(r: StudyRunner, survivor: dict, seeded_from: list[dict]) -> dict:
 
 def _unscored(t: dict, slo: dict) -> str:
     """Why a trial that worked still scores nothing: an SLO it broke, or a measurement not valid."""
-    p = stats.primary(t.get("metrics")) or {}
-    miss = stats.slo_failures(p, slo)
+    p = ranking.primary(t.get("metrics")) or {}
+    miss = ranking.slo_failures(p, slo)
     if miss:
         return "SLO: " + "; ".join(miss)
     return "measurement not valid: " + "; ".join(p.get("invalid_reasons") or ["see the trial"])
@@ -262,7 +262,7 @@ def _effect(tried: dict) -> dict:
 def staged(r: StudyRunner) -> dict:
     st, slo = r.study, r.study.slo.model_dump()
     screened, info = _screen(r)
-    survivors = stats.ranked([t for t in screened if t["status"] in ("done", "reused")], slo, st.base)
+    survivors = ranking.ranked([t for t in screened if t["status"] in ("done", "reused")], slo, st.base)
     survivors = survivors[: st.staged.survivors]
     tuning = []
     if st.numeric() and st.staged.tune_trials:
@@ -334,7 +334,7 @@ def run_study(r: StudyRunner) -> dict:
                         "why": b.why} for b in r.rules]
     extra["launches"] = r.launched
     trials = r.store.trials(r.study_id)
-    rec = None if r.study.strategy == "bisect" else stats.recommend(  # bisect explains a failure only
+    rec = None if r.study.strategy == "bisect" else ranking.recommend(  # bisect explains a failure only
         [t for t in trials if t["status"] in ("done", "reused")], r.study.slo.model_dump(), r.study.base)
     r.finish(rec, status, extra)
     return summary(r.store, r.study_id, elapsed_s=time.monotonic() - t0, **extra)
@@ -352,7 +352,7 @@ def summary(store, study_id: int, **extra) -> dict:
             "strategy": s["spec"]["strategy"], "recommendation": s["recommendation"], "causes": counts,
             "trials": [{"id": t["id"], "stage": t["stage"], "rep": t["rep"], "label": t["label"],
                         "status": t["status"], "cause": t["cause"], "phase": t["phase"],
-                        "output_tps": (stats.primary(t["metrics"]) or {}).get("output_tps"),
+                        "output_tps": (ranking.primary(t["metrics"]) or {}).get("output_tps"),
                         "reason": _reason(t)} for t in trials], **extra}
 
 

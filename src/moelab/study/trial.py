@@ -85,7 +85,7 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
 
     points, samples, repeats = [], [], []
     fmt = probe_class(flags.get("--quantization") if isinstance(flags.get("--quantization"), str) else None)
-    # the study's pruning ran the engine's launch check on this spec already: preflight once
+    # the study's pruning ran the engine's launch check on this spec already: it runs once
     with Supervisor(spec, out_dir, probe=False, on_progress=on_progress, flags_checked=True) as srv:
         v = srv.wait_ready()
         if v is None:
