@@ -16,9 +16,10 @@ What it does, in SGLang's own words where SGLang has them:
   - speed: continuous batching with a step time set by the three backends and the batch size;
     a decode batch above --cuda-graph-max-bs runs eagerly, slower.
 
-`performance(flags, concurrency)` is the same model as a pure function (steady state), and
-`workload_performance` the exact throughput of a study's closed-loop load on it: the bench uses them
-to know the true optimum of the space without launching anything. Timings are scaled so that a
+`performance(flags, concurrency)` is the same model as a pure function: the steady-state output
+rate of continuous batching at that many concurrent requests (the server admits a waiting request
+at every step, so its batch stays at min(concurrency, KV capacity)). The bench uses it to know the
+true optimum of the space without launching anything. Timings are scaled so that a
 2-core machine can stream them (a step is tens of milliseconds, not microseconds).
 """
 from __future__ import annotations
@@ -37,7 +38,7 @@ MOE = {"auto": 0.85, "triton": 1.0, "deep_gemm": 0.92, "flashinfer_trtllm": None
        "flashinfer_cutedsl": None, "cutlass": 0.95, "marlin": 1.3}  # None: refused on sm_90
 FP4 = {"auto": 1.0, "flashinfer_cutlass": 1.0, "flashinfer_trtllm": None, "flashinfer_cudnn": 0.9, "cutlass": 0.96}
 ATTN = {"fa3": 0.9, "flashinfer": 1.0, "triton": 1.15, "trtllm_mha": None}
-# The gates' wordings are real ones (../shared/research/moe-backends-and-failures.md §1.3 and the
+# The gates' wordings are real ones (docs/research/moe-backends-and-failures.md §1.3 and the
 # signature table: SGLang's ModelOptNvFp4FusedMoEMethod, FlashInfer's SM-10.x checks, SGLang's older
 # TRTLLM MHA check); like the real ones, most name neither the flag nor its value.
 GATE = {("moe", "flashinfer_trtllm"): "ValueError: Current platform does not support NVFP4 quantization with the "
@@ -122,26 +123,6 @@ def expected_cause(flags: dict, concurrency: int) -> str:
         return {"nan": "numerical_nan", "garbage": "garbage_output"}[kind]
     batch = min(concurrency, kv_seqs(fraction, graph_bs), int(flags.get("--max-running-requests", 1024)))
     return "illegal_memory_access" if batch >= CRASH_BATCH and crashes_under_load(moe, attn) else "ok"
-
-
-def workload_performance(flags: dict, concurrency: int, requests: int, output_len: int) -> float | None:
-    """Output tokens/s of the load a study runs (a closed loop of `concurrency` clients sending
-    `requests` requests of `output_len` tokens), exactly as this server serves it: requests are
-    admitted in waves of at most its KV capacity, each wave decodes output_len steps together, a
-    last wave runs with what is left. None where the launch fails or the server dies under it."""
-    if performance(flags, concurrency, output_len) is None:
-        return None
-    moe, fp4, attn = (flags.get(k, d) for k, d in (("--moe-runner-backend", "auto"), ("--fp4-gemm-backend", "auto"),
-                                                   ("--attention-backend", "flashinfer")))
-    fraction = float(flags.get("--mem-fraction-static", DEFAULT_FRACTION))
-    graph_bs = int(flags.get("--cuda-graph-max-bs", DEFAULT_GRAPH_BS))
-    cap = min(concurrency, kv_seqs(fraction, graph_bs), int(flags.get("--max-running-requests", 1024)))
-    left, took = requests, 0.0
-    while left > 0:
-        wave = min(cap, left)
-        took += output_len * step_s(moe, fp4, attn, wave, graph_bs)
-        left -= wave
-    return requests * output_len / took
 
 
 def behaviour(moe: str, fp4: str, attn: str) -> str:

@@ -1,8 +1,9 @@
 """SGLang adapter: `python -m sglang.launch_server --model-path M --host H --port P ...`.
 
 Flag names are SGLang's own. The python that runs SGLang is $MOELAB_SGLANG_PYTHON, else this
-interpreter when it can import sglang. SGLang derives internal ports (scheduler, detokenizer,
-NCCL) from --port, so launches on one machine need ports with gaps; the supervisor picks them.
+interpreter when it can import sglang. SGLang opens ports of its own (scheduler, detokenizer,
+NCCL) besides --port; moelab picks, watches and probes --port only, and a launch that finds one of
+the others taken is diagnosed from its log (port_in_use).
 """
 from __future__ import annotations
 
