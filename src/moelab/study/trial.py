@@ -72,6 +72,27 @@ def _client_error(srv, phase: Phase, e: Exception) -> Verdict:
         advice="The server stayed up but the client failed; see the evidence and server.log.")) or srv.verdict
 
 
+def _refused(srv, res, concurrency: int) -> Verdict:
+    """A live server that refused every request of a load point: the workload does not fit this
+    launch (a prompt longer than its context, a parameter it rejects). bad_args for HTTP 4xx refusals,
+    else unknown; the server's own words are the evidence. Never a throughput of 0."""
+    from moelab.spec import Cause, Evidence
+
+    failed = [s for s in res.samples if s.kind == "load" and s.error]
+    details = [s.error_detail or s.error for s in failed if s.error_detail or s.error]
+    statuses = {s.status for s in failed}
+    client = bool(statuses) and all(isinstance(x, int) and 400 <= x < 500 for x in statuses)
+    errs = ", ".join(f"{k}: {n}" for k, n in sorted(res.metrics.errors.items()))
+    ev = [Evidence(kind="load", text=f"every request at concurrency {concurrency} was refused ({errs})")]
+    ev += [Evidence(kind="load", text=d[:400]) for d in dict.fromkeys(details)][:2]
+    return srv.record(Verdict(
+        cause=Cause.bad_args if client else Cause.unknown, phase=Phase.load, evidence=ev,
+        advice="The server is up but refused the study's requests: make the workload fit the launch "
+               "(input_len + output_len within the context length, or a larger --context-length/"
+               "--max-model-len), then run the study again." if client else
+               "The server is up but no load request completed; see the evidence and server.log.")) or srv.verdict
+
+
 def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: dict, reference: Path | None,
               loads: int, concurrency: list[int], record_reference_to: Path | None = None,
               on_progress: Callable[[dict], None] | None = None, accuracy=None,
@@ -127,6 +148,9 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
                 if v is not None:
                     break
                 pm = point_metrics(res, c)
+                if pm["completed"] == 0 and pm["failed"]:
+                    v = _refused(srv, res, c)
+                    break
                 if r == 0:
                     points.append(pm)
                     samples.append({"concurrency": c, "samples": [s.model_dump(mode="json") for s in res.samples]})
