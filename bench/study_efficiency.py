@@ -14,10 +14,11 @@ configurations. The load is 192 concurrent requests, where both numeric knobs bi
 nothing: the study reports that too).
 
 Every number is measured by running `moelab study` itself (its CLI, its store). The truth the
-study is scored against is the simulator's own model of the very load the study runs
-(`sglang_sim.workload_performance`: 2 x 192 requests of 16 tokens from 192 clients), evaluated for
-every configuration of the space without launching anything: "ratio" is the model's throughput of
-the recommended configuration over the model's best in the whole space. The baseline, measured
+study is scored against is the simulator's own model (`sglang_sim.performance`: the steady-state
+output rate at 192 concurrent requests), evaluated for every configuration of the space without
+launching anything: "ratio" is the model's throughput of the recommended configuration over the
+model's best in the whole space. Run it again with the same --keep folder and it re-scores the
+stored studies (moelab resumes them: nothing is launched again). The baseline, measured
 in the same run, is the one-factor strategy (what engineers do by hand: the base, then every value
 of every axis alone, numeric grid points included).
 """
@@ -52,7 +53,8 @@ LOAD, ROUNDS, OUTPUT_LEN = 192, 2, 16
 
 
 def truth(flags: dict) -> float:
-    return sim.workload_performance(flags, LOAD, ROUNDS * LOAD, OUTPUT_LEN) or 0.0
+    """The simulator's own steady-state output rate for `flags` at LOAD concurrent requests."""
+    return sim.performance(flags, LOAD, OUTPUT_LEN) or 0.0
 
 
 def study_doc(name: str, **kw) -> dict:

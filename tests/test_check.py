@@ -80,6 +80,11 @@ def test_vllm_on_this_cpu_machine_and_missing_path(tmp_path):
     assert json.loads(out.stdout)["verdict"]["cause"] == "model_load_error"
 
 
+def test_help_shows_the_engine_command_line_and_an_example():
+    out = run("--help", env={"COLUMNS": "200"})
+    assert out.returncode == 0 and "-- ENGINE COMMAND LINE" in out.stdout and "Example: moelab check" in out.stdout
+
+
 @pytest.mark.parametrize("args,msg", [
     ([], "no engine command line"),
     (["--", "llama-server", "-m", "x"], "cannot tell the engine"),

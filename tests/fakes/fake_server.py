@@ -11,6 +11,7 @@ Stdlib only, so it behaves like an engine process and not like moelab. Modes (--
   hang_ready  serve one completion (readiness), then every request blocks forever and logging stops
   steal       a helper child takes the port first, then this process fails to bind (Errno 98), exit 1
   grandchild  like ok, but first leave a grandchild behind in a session of its own
+  gpu_grandchild  the same grandchild holding 256 MiB of GPU memory (needs torch and a CUDA GPU)
   worker_oom  the launcher lives on (never ready) while its worker grows until the cgroup OOM-kills it
   worker_dies /health answers 200, completions never do; a worker prints an NCCL error and exits 1
   error_alive prints a CUDA OOM traceback, then stays alive logging heartbeats without a port
@@ -95,6 +96,14 @@ def main() -> None:
         code = "import os,time\nif os.fork()==0:\n    os.setsid(); time.sleep(3600)\n"
         subprocess.run([sys.executable, "-c", code], check=True)
         log("spawned a detached helper")
+        serve(a.port, "ok")
+    elif a.mode == "gpu_grandchild":
+        # like grandchild, but the detached helper holds GPU memory (needs torch and a CUDA GPU)
+        code = ("import os,time\nif os.fork()==0:\n    os.setsid()\n    import torch\n"
+                "    x = torch.empty(256 << 20, dtype=torch.uint8, device='cuda')\n    time.sleep(3600)\n")
+        subprocess.run([sys.executable, "-c", code], check=True)
+        time.sleep(8)  # the helper's CUDA context and allocation are in place before readiness
+        log("spawned a detached helper that holds GPU memory")
         serve(a.port, "ok")
     elif a.mode == "worker_oom":
         grow = "h=[]\nwhile True: h.append(bytearray(32 << 20))"

@@ -46,7 +46,8 @@ def _hardware(gpu: str | None, gpu_memory: str | None, gpus: int | None, host_me
     return this_machine(host_limit)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             options_metavar="[OPTIONS] -- ENGINE COMMAND LINE")
 def check(
     ctx: typer.Context,
     gpu: str = typer.Option(None, "--gpu", help="Target GPU arch, e.g. sm_120 (default: this machine's)."),
@@ -57,7 +58,12 @@ def check(
                                                     "(default: $MOELAB_STORE or ~/.cache/moelab/store.db)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
-    """Check an engine command line (after --) against flags, support matrix and memory forecast."""
+    """Check an engine command line (after --) against flags, support matrix and memory forecast.
+
+    Example: moelab check --gpu sm_120 --gpu-memory 96GB --gpus 8 -- python -m sglang.launch_server
+    --model-path Qwen3.5-397B-A17B-NVFP4 --tp 8 --moe-runner-backend flashinfer_trtllm
+    (vllm serve MODEL ... works the same way; without --gpu the GPUs are this machine's.)
+    """
     from moelab.cli.output import emit_json, fail
     from moelab.engines.check import check_command, split_command
 
