@@ -6,12 +6,14 @@ sometimes loops, which is exactly the healthy-but-weak case the absolute checks 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import time
-import urllib.request
+
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).parent / "fakes"))
+from spawn import serve  # noqa: E402
 
 from moelab.load import Workload, run_load
 from moelab.probe import record_reference, run_probe
@@ -19,41 +21,21 @@ from moelab.probe import record_reference, run_probe
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]
 
 
-def _serve(free_port, preset):
-    proc = subprocess.Popen([sys.executable, "-m", "moelab.cli", "serve", "--preset", preset, "--port", str(free_port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    url = f"http://127.0.0.1:{free_port}"
-    try:
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                urllib.request.urlopen(url + "/health", timeout=1).read()
-                break
-            except Exception:
-                if proc.poll() is not None:
-                    pytest.fail(f"moelab serve exited {proc.returncode}: {proc.stderr.read()[-500:]}")
-                if time.monotonic() > deadline:
-                    pytest.fail(f"moelab serve --preset {preset} not ready in 120 s")
-                time.sleep(0.3)
+def _serve(preset: str):
+    """`moelab serve --preset PRESET` on a free port (it listens once the model is loaded)."""
+    return serve("", command=[sys.executable, "-m", "moelab.cli", "serve", "--preset", preset], timeout=120)
+
+
+@pytest.fixture
+def engine():
+    with _serve("tiny") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        proc.stderr.close()
 
 
 @pytest.fixture
-def engine(free_port):
-    yield from _serve(free_port, "tiny")
-
-
-@pytest.fixture
-def short_context(free_port):
-    yield from _serve(free_port, "digits")  # max_position_embeddings 64: shorter than most probe prompts
+def short_context():
+    with _serve("digits") as url:  # max_position_embeddings 64: shorter than most probe prompts
+        yield url
 
 
 def test_probe_and_bench_on_the_embedded_engine(engine, tmp_path):

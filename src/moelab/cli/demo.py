@@ -22,7 +22,7 @@ def demo(
     out: Path = typer.Option(Path("moelab-demo"), "--out", help="Folder for the store, trial logs and reports."),
     json_out: bool = typer.Option(False, "--json", help="Print the study summary as one JSON document."),
 ) -> None:
-    """Run a small staged study of the embedded engine here and write its report (a few minutes on CPU)."""
+    """Run a small staged study of the embedded engine here and write its report (about two minutes on a 2-core CPU)."""
     from moelab.cli.output import console, emit_json, err_console, fail
     from moelab.cli.study import run_study_file
     from moelab.report import markdown, write_reports
