@@ -134,3 +134,15 @@ def test_html_renders_in_a_headless_browser(tmp_path):
     assert r.returncode == 0, r.stderr[-1000:]
     data = shot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000  # a blank page compresses to a few KB
+
+
+def test_curves_past_the_palette_do_not_look_like_earlier_ones():
+    from moelab.report.svg import PALETTE, tradeoff
+
+    curves = [{"label": f"c{i}", "points": [{"concurrency": 1, "output_tps": 10.0 + i, "e2e_p90_ms": 50.0},
+                                            {"concurrency": 4, "output_tps": 30.0 + i, "e2e_p90_ms": 80.0}]}
+              for i in range(len(PALETTE) + 2)]
+    svg = tradeoff(curves, [])
+    lines = [ln for ln in svg.splitlines() if ln.startswith("<polyline")]
+    styles = [(ln.split('stroke="')[1].split('"')[0], "stroke-dasharray" in ln) for ln in lines]
+    assert len(styles) == len(curves) and len(set(styles)) == len(curves)

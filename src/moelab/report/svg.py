@@ -57,18 +57,22 @@ def tradeoff(curves: list[dict], pareto: list[dict], width: int = 1000, height: 
                f'p90 end-to-end latency (ms)</text>')
     for i, c in enumerate(curves):
         col = PALETTE[i % len(PALETTE)]
+        # past the palette, colours repeat: the later curves are dashed so no two look alike
+        dash = f' stroke-dasharray="{6 - i // len(PALETTE)} 3"' if i >= len(PALETTE) else ""
         cp = [p for p in c["points"] if p.get("output_tps") is not None and p.get("e2e_p90_ms") is not None]
         if len(cp) > 1:
             d = " ".join(f"{X(p['output_tps']):.1f},{Y(p['e2e_p90_ms']):.1f}" for p in cp)
-            out.append(f'<polyline points="{d}" fill="none" stroke="{col}" stroke-width="1.8"/>')
+            out.append(f'<polyline points="{d}" fill="none" stroke="{col}" stroke-width="1.8"{dash}/>')
         for p in cp:
             out.append(f'<circle cx="{X(p["output_tps"]):.1f}" cy="{Y(p["e2e_p90_ms"]):.1f}" r="3.5" fill="{col}">'
                        f'<title>{escape(c["label"])}: concurrency {p["concurrency"]}, {p["output_tps"]:.1f} tok/s, '
                        f'p90 {p["e2e_p90_ms"]:.0f} ms</title></circle>')
         ly = mt + 10 + i * 16
         if ly < height - 30:
-            out.append(f'<rect x="{ml + pw + 14}" y="{ly - 7}" width="10" height="10" fill="{col}"/>'
-                       f'<text x="{ml + pw + 30}" y="{ly + 2}" fill="#222">{escape(c["label"][:48])}</text>')
+            swatch = (f'<line x1="{ml + pw + 12}" y1="{ly - 2}" x2="{ml + pw + 26}" y2="{ly - 2}" stroke="{col}" '
+                      f'stroke-width="2.5"{dash}/>' if dash else
+                      f'<rect x="{ml + pw + 14}" y="{ly - 7}" width="10" height="10" fill="{col}"/>')
+            out.append(swatch + f'<text x="{ml + pw + 30}" y="{ly + 2}" fill="#222">{escape(c["label"][:48])}</text>')
     if pareto:
         d = " ".join(f"{X(p['output_tps']):.1f},{Y(p['e2e_p90_ms']):.1f}" for p in pareto)
         out.append(f'<polyline points="{d}" fill="none" stroke="#111" stroke-width="1.2" stroke-dasharray="5 4"/>')
