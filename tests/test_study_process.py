@@ -195,15 +195,17 @@ def test_fake_decision_table():
 def test_a_workload_longer_than_the_context_is_bad_args_not_zero_throughput(tmp_path):
     """The digits preset serves 64 tokens of context; 100-token prompts are refused (HTTP 400) by a
     live server. That is the trial's verdict (bad_args, phase load, the server's words), never an ok
-    configuration at 0 tok/s that could be recommended."""
+    configuration at 0 tok/s that could be recommended; and the study stops there instead of
+    launching the other configurations to be refused the same way."""
     p = tmp_path / "s.yaml"
-    p.write_text("engine: embedded\nmodel: digits\naxes: {--moe-runner-backend: [grouped]}\n"
+    p.write_text("engine: embedded\nmodel: digits\naxes: {--moe-runner-backend: [grouped, reference]}\n"
                  "workload: {concurrency: [2], input_len: 100, output_len: 8, num_prompts: 4}\n")
     r = subprocess.run([sys.executable, "-m", "moelab.cli", "study", str(p), "--store", str(tmp_path / "s.db"), "--json"],
                        capture_output=True, text=True, timeout=120)
     s = json.loads(r.stdout)
-    assert r.returncode == 1 and s["recommendation"] is None
-    (t,) = s["trials"]
+    assert r.returncode == 1 and s["recommendation"] is None and s["status"] == "stopped"
+    (t,) = s["trials"]  # the second backend was never launched
     assert t["cause"] == "bad_args" and "refused" in t["reason"]
+    assert "maximum context length is 64" in s["stopped"] and "workload" in s["stopped"]
     v = json.loads((tmp_path / "s.trials" / "trial-0001" / "verdict.json").read_text())["verdict"]
     assert v["phase"] == "load" and "maximum context length is 64" in json.dumps(v["evidence"])

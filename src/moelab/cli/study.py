@@ -51,6 +51,8 @@ def print_summary(summary: dict) -> None:
     console.print(f"\n[bold]{summary['study']}[/] ({summary['strategy']}): {len(summary['trials'])} trials: {causes}")
     if summary.get("budget"):
         console.print(f"[yellow]stopped early:[/] {summary['budget']}")
+    if summary.get("stopped"):
+        console.print(f"[bold red]stopped:[/] {escape(summary['stopped'])}", soft_wrap=True)
     if summary["strategy"] == "bisect":
         pass  # a bisect explains a failure; it recommends nothing
     elif rec:

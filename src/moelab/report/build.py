@@ -72,6 +72,8 @@ def search_lines(study: dict) -> list[str]:
     out = []
     if extra.get("budget"):
         out.append(f"STOPPED BY THE BUDGET: {extra['budget']}; the finalists were still measured.")
+    if extra.get("stopped"):
+        out.append(f"STOPPED: {extra['stopped']}.")
     if extra.get("launches") is not None:
         out.append(f"{extra['launches']} launches.")
     sc = extra.get("screen") or {}

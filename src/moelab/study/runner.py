@@ -36,6 +36,24 @@ class BudgetSpent(Exception):
     """The study's time or trial budget is used up: no new trial starts."""
 
 
+class WorkloadRefused(Exception):
+    """A live server refused every request of the study's workload: every other configuration would
+    be launched only to be refused the same way, so the study stops and says what to fix."""
+
+
+def _refused_workload(t: dict) -> str:
+    """Why the study must stop, when trial `t`'s live server refused every request of its load."""
+    v = t.get("verdict") or {}
+    ev = [e.get("text", "") for e in v.get("evidence") or []]
+    if t.get("cause") != Cause.bad_args.value or v.get("phase") != Phase.load.value or \
+            not any(x.startswith("every request at concurrency") for x in ev):
+        return ""
+    said = next((x for x in ev[1:] if x), ev[0])
+    return (f"trial {t['id']}: the server refused every request of the study's workload ({said[:240]}); "
+            "make `workload:` fit the launch (input_len + output_len within the context length) and run the "
+            "study again")
+
+
 def model_args(study: StudyFile) -> list[str]:
     """The study's server line (`command:`) and the engine's own model argument(s) for `study.model`."""
     from moelab.engines import ENGINES
@@ -137,6 +155,9 @@ class StudyRunner:
         self.on_event({"event": "done", "trial": t})
         self._learn(t)
         self.seen.append(t)
+        refused = _refused_workload(t)
+        if refused:
+            raise WorkloadRefused(refused)
         return t
 
     def spent(self) -> str:

@@ -16,7 +16,7 @@ import time
 
 from moelab.study import planner, ranking, search
 from moelab.study.planner import Candidate
-from moelab.study.runner import BudgetSpent, StudyRunner
+from moelab.study.runner import BudgetSpent, StudyRunner, WorkloadRefused
 
 
 def _reference(r: StudyRunner) -> list[dict]:
@@ -315,6 +315,8 @@ def run_study(r: StudyRunner) -> dict:
         extra = DRIVERS[r.study.strategy](r)
     except BudgetSpent as e:
         extra, status = {"budget": f"{e}: the study stopped before its plan's end"}, "budget"
+    except WorkloadRefused as e:
+        extra, status = {"stopped": str(e)}, "stopped"
     except KeyboardInterrupt:
         r.finish(None, "interrupted", {"note": "interrupted; run the same command to resume"})
         raise
