@@ -141,3 +141,14 @@ def test_gpu_packing_gives_disjoint_gpu_sets_and_refuses_an_oversize_trial(tmp_p
         assert f"CUDA_VISIBLE_DEVICES={gpus[0]}" in Path(t["paths"]["dir"], "repro.sh").read_text()
     for a, b in overlapping(ran):
         assert a["telemetry"]["placement"]["gpus"] != b["telemetry"]["placement"]["gpus"]
+
+
+@pytest.mark.process
+def test_executor_ray_without_ray_says_how_to_install_it(tmp_path):
+    """Ray is optional: imported only for --executor ray, and its absence is a clear message."""
+    code = ("import sys; sys.modules['ray'] = None; from moelab.cli import main; "
+            f"sys.argv = ['moelab', 'study', {str(write_study(tmp_path))!r}, '--executor', 'ray']; main()")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "pip install 'moelab[ray]'" in r.stderr and "Traceback" not in r.stderr
+    assert not (tmp_path / "study.db").exists()

@@ -126,6 +126,7 @@ class StudyRunner:
             i = jobs.pop(job.tid)
             if isinstance(res, Lost):
                 self._interrupted(job.tid, str(res))
+                self.on_event({"event": "lost", "trial": self._get(job.tid)})
                 if job.attempt == 0:  # once more, elsewhere if the cluster has another place
                     again = self._prepare(cands[i], loads, record_reference, attempt=1)
                     if isinstance(again, dict):

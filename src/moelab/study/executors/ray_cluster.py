@@ -75,8 +75,9 @@ class RayExecutor(Executor):
         self.started = not ray.is_initialized()
         kw = dict(address=address, ignore_reinit_error=True, log_to_driver=False, logging_level="WARNING",
                   runtime_env={"env_vars": {"PYTHONPATH": os.pathsep.join(dict.fromkeys(paths))}})
-        if address is None and not os.environ.get("RAY_ADDRESS"):
-            kw["include_dashboard"] = False  # a local cluster, for this study only
+        target = address or os.environ.get("RAY_ADDRESS")
+        if target is None:  # a local cluster, for this study only
+            kw.update(include_dashboard=False)
         try:
             ray.init(**kw)
         except (ConnectionError, RuntimeError, ValueError) as e:
