@@ -2,7 +2,8 @@
 two worker nodes on this machine with declared CPUs and fake GPUs, embedded-engine trials on them.
 Results land in the one store; a trial asking for more GPUs than any node is refused at once; a
 Ray worker SIGKILLed mid-trial gives an `interrupted` trial that runs again; SIGTERM to the driver
-ends every remote server; resume works across executors; no process survives.
+ends every remote server, and so does a SIGKILL of it; resume works across executors; no process
+survives.
 """
 from __future__ import annotations
 
@@ -162,3 +163,18 @@ def test_ray_lost_worker_reruns_the_trial_and_sigterm_ends_every_remote_server(t
         done = [t for t in st.trials() if t["status"] == "done" and t["stage"] == "grid"]
     assert len(done) == 2 and all(t["telemetry"]["placement"]["executor"] == "ray" for t in done)
     assert servers(store3) == set()
+
+    # the driver SIGKILLed outright: Ray ends its tasks' workers, each trial's guardian its server
+    store4 = tmp_path / "x.db"
+    p = subprocess.Popen(study(path, store4, "--executor", "ray", "--address", cluster.address),
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env())
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and len(servers(store4)) < 2:
+        time.sleep(0.2)
+    assert len(servers(store4)) == 2
+    p.kill()
+    p.wait()
+    deadline = time.monotonic() + 30
+    while servers(store4) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert servers(store4) == set()
