@@ -5,6 +5,10 @@ is (resume), else pruning may give it a preflight verdict, else it is launched. 
 written `running` before launch and completed after, so a kill mid-trial leaves a row that the
 next run marks `interrupted` and runs again. SIGTERM becomes KeyboardInterrupt, so the supervisor
 tears the server down on the way out.
+
+With an executor (study/executors: `--parallel`, `--executor ray`) `StudyRunner.trials` runs a
+stage's independent candidates side by side; each is decided (`_prepare`) and stored (`_begin`,
+`_complete`) here, in the driver's thread, which stays the only writer of the store.
 """
 from __future__ import annotations
 
