@@ -119,7 +119,7 @@ def study(
                                  "CPU without GPUs), each on its own GPUs or CPU share. Local default 1; "
                                  "with --executor ray, auto (as many as the cluster holds)."),
     executor_name: str = typer.Option("local", "--executor", help="Where trials run: local (this machine) or ray "
-                                      "(a Ray cluster: pip install 'moelab[ray]')."),
+                                      "(a Ray cluster; needs moelab's ray extra)."),
     address: str = typer.Option(None, "--address", help="The Ray cluster to use (ray://HOST:10001 or HOST:6379; "
                                 "default $RAY_ADDRESS, else a local cluster started for this study)."),
 ) -> None:
