@@ -25,16 +25,23 @@ def _has_engine_extra() -> bool:
 
 def pytest_collection_modifyitems(config, items):
     """Tiers a machine cannot run are skipped with the reason: the engine extra (tier 3 and the
-    `engine` marker) in a core install (`pip install -e ".[test]"`), CUDA (tier 5) without a GPU."""
+    `engine` marker) in a core install (`pip install -e ".[test]"`), CUDA (tier 5) without a GPU,
+    Ray (the `ray` marker) without the ray extra."""
     engine = _has_engine_extra()
     no_engine = pytest.mark.skip(reason='needs the engine extra: pip install torch -e ".[engine]"')
     cuda = _has_cuda()
+    import importlib.util
+
+    ray = importlib.util.find_spec("ray") is not None
+    no_ray = pytest.mark.skip(reason='needs Ray: pip install -e ".[ray]"')
     no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (tier 5); run on the GPU machine")
     for item in items:
         if not engine and ("embedded" in item.keywords or "engine" in item.keywords):
             item.add_marker(no_engine)
         if not cuda and "gpu" in item.keywords:
             item.add_marker(no_gpu)
+        if not ray and "ray" in item.keywords:
+            item.add_marker(no_ray)
 
 
 @pytest.fixture

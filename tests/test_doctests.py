@@ -7,7 +7,7 @@ import importlib
 import pytest
 
 MODULES = ["moelab.formats", "moelab.study.attribute", "moelab.study.search", "moelab.study.file", "moelab.diagnose.tailor",
-           "moelab.engines.check"]
+           "moelab.engines.check", "moelab.study.executors.local"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -90,6 +90,10 @@ class LaunchSpec(BaseModel):
     host: str = "127.0.0.1"
     port: int | None = None  # None: pick a free port at launch time
     gpus: list[int] | None = None  # CUDA_VISIBLE_DEVICES for the server; None = inherit
+    cpus: list[int] | None = None  # CPU affinity of the whole tree (a packed study's share); None = inherit
+    # environment that marks every process of the launch (whose trial it is) without being part of
+    # its configuration: kept out of repro.sh, the trial key and the stored env
+    marks: dict[str, str] = Field(default_factory=dict)
     memory_limit_bytes: int | None = None  # host memory cgroup limit for the whole tree
     timeout_s: float = 300.0  # readiness deadline
     # the key moelab sends as a bearer token (never stored, printed or hashed: excluded from dumps)

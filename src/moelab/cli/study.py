@@ -8,10 +8,25 @@ import typer
 from moelab.cli.app import app
 
 
+def make_executor(executor: str, parallel: str | None, address: str | None):
+    """None (one trial after another, in this thread) for the local executor without --parallel,
+    else the executor by name (study/executors); ExecutorError says what is missing."""
+    from moelab.study.executors import create
+
+    if executor == "local" and address:
+        raise ValueError("--address is the Ray cluster's: give it with --executor ray")
+    if executor == "local" and parallel in (None, "1"):
+        return None
+    if executor == "local":
+        return create("local", parallel=parallel)
+    return create("ray", address=address, parallel=parallel or "auto")
+
+
 def run_study_file(study, store_path: Path, *, rerun: bool, json_out: bool, out_dir: Path | None = None,
-                   api_key: str | None = None) -> dict:
+                   api_key: str | None = None, executor=None) -> dict:
     """Run `study` into `store_path` with the progress display; SIGTERM and SIGHUP tear down like
-    Ctrl-C. The store is locked for the run: a second writer is refused, naming this one."""
+    Ctrl-C. The store is locked for the run: a second writer is refused, naming this one.
+    `executor` (study/executors): where the trials run; None, one after another here."""
     import signal
 
     from moelab.store import Store
@@ -27,7 +42,9 @@ def run_study_file(study, store_path: Path, *, rerun: bool, json_out: bool, out_
         with Store(store_path) as store, Progress() as prog:
             store.lock(f"moelab study {study.name}")
             runner = StudyRunner(study, store, out_dir or store_path.with_suffix(".trials"), rerun=rerun, on_event=prog,
-                                 api_key=api_key)
+                                 api_key=api_key, executor=executor)
+            if executor is not None:
+                prog.console.print(f"trials run on: {executor.describe()}", highlight=False)
             if runner.reaped:
                 prog.console.print(f"ended {len(runner.reaped)} process(es) a killed moelab left behind: "
                                    f"{', '.join(map(str, runner.reaped))}")
@@ -100,6 +117,13 @@ def study(
     json_out: bool = typer.Option(False, "--json", help="Print the study summary as one JSON document."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan (stages, launches at most, the budget) "
                                  "and exit; nothing is launched and the store is not touched."),
+    parallel: str = typer.Option(None, "--parallel", help="Trials side by side: N or auto (one per GPU, or per "
+                                 "CPU without GPUs), each on its own GPUs or CPU share. Local default 1; "
+                                 "with --executor ray, auto (as many as the cluster holds)."),
+    executor_name: str = typer.Option("local", "--executor", help="Where trials run: local (this machine) or ray "
+                                      "(a Ray cluster; needs moelab's ray extra)."),
+    address: str = typer.Option(None, "--address", help="The Ray cluster to use (ray://HOST:10001 or HOST:6379; "
+                                "default $RAY_ADDRESS, else a local cluster started for this study)."),
 ) -> None:
     """Run a study: screen, benchmark and tune engine flags; every trial gets a verdict. Resumable."""
     from moelab.cli.output import emit_json, fail
@@ -137,8 +161,16 @@ def study(
     store = store or file.with_suffix(".db")
     from moelab.store import StoreError
 
+    from moelab.study.executors import EXECUTORS, ExecutorError
+
+    if executor_name not in EXECUTORS:
+        fail(f"--executor {executor_name}: not one of {', '.join(EXECUTORS)}")
     try:
-        summary = run_study_file(st, store, rerun=rerun, json_out=json_out, api_key=api_key)
+        ex = make_executor(executor_name, parallel, address)
+    except (ExecutorError, ValueError) as e:
+        fail(str(e))
+    try:
+        summary = run_study_file(st, store, rerun=rerun, json_out=json_out, api_key=api_key, executor=ex)
     except StoreError as e:
         fail(str(e))
     except KeyboardInterrupt:
@@ -146,6 +178,9 @@ def study(
 
         err_console.print(f"[yellow]interrupted:[/] finished trials are in {store}; run the same command to resume")
         raise typer.Exit(130)
+    finally:
+        if ex is not None:
+            ex.close()
     if report_html:
         from moelab.report import write_reports
 

@@ -142,9 +142,9 @@ def _build(cfg: ServerConfig, mc: ModelConfig, res: Resolved, link, t0: float) -
     if res.device == "cpu":
         # Small matrices gain nothing from intra-op threads and lose much to their barriers on a
         # busy machine; one thread per 512 hidden units, and a core stays free for the HTTP loop.
-        threads = max(1, min(os.cpu_count() or 1, mc.hidden_size // 512))
+        threads = max(1, min(len(os.sched_getaffinity(0)) or 1, mc.hidden_size // 512))  # a packed study's share
         torch.set_num_threads(threads)
-        phase("config", f"cpu threads={threads}")
+        phase("config", f"cpu threads={threads} on cpus {','.join(map(str, sorted(os.sched_getaffinity(0))))}")
     elif res.device.startswith("cuda"):
         # Every decode step has a new key length, and PyTorch's cuDNN attention builds a cuDNN graph
         # per new shape: measured on an H200 with the small preset, 26 ms of host time per

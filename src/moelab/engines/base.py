@@ -111,6 +111,10 @@ class EngineAdapter(ABC):
         """The engine's own argument(s) that pass `model` (a path, a hub name or a preset)."""
         return ["--model-path", model] if model else []
 
+    def gpus_needed(self, args: list[str]) -> int:
+        """How many GPUs a launch with `args` occupies (its ranks): what a packed study gives it."""
+        return 1
+
     def split(self, argv: list[str]) -> list[str] | None:
         """The engine's own arguments when `argv` is this engine's full command line
         (`vllm serve M ...`), else None."""

@@ -39,6 +39,15 @@ class CataloguedAdapter(EngineAdapter):
     def flag_check(self, spec: LaunchSpec):
         return flag_verdict(self.name, self.flag_catalogue(), self.engine_args(spec.args), spec.env)
 
+    def gpus_needed(self, args: list[str]) -> int:
+        """tensor x data (x pipeline) parallel sizes, in the engine's own flag names."""
+        spec, n = LaunchSpec(args=self.engine_args(args)), 1
+        for role in ("tp", "dp", "pp"):
+            flag = self.flag_roles.get(role)
+            v = spec.flag(flag) if flag else None
+            n *= int(v) if v is not None and v.isdigit() and int(v) > 0 else 1
+        return n
+
     def flag_names(self) -> frozenset[str] | None:
         return frozenset(self.flag_catalogue().index())
 

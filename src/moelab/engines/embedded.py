@@ -50,6 +50,15 @@ class EmbeddedAdapter(EngineAdapter):
         return frozenset(o for p in serve.params for o in [*p.opts, *getattr(p, "secondary_opts", [])]
                          if o.startswith("--")) or None
 
+    def gpus_needed(self, args: list[str]) -> int:
+        """`moelab serve` runs one rank per GPU: --tp-size, else --ep-size, else 1."""
+        spec = LaunchSpec(args=args)
+        for flag in ("--tp-size", "--tp", "--tensor-parallel-size", "--ep-size", "--ep", "--expert-parallel-size"):
+            v = spec.flag(flag)
+            if v is not None and v.isdigit() and int(v) > 0:
+                return int(v)
+        return 1
+
     def model_path(self, args: list[str]) -> str | None:
         spec = LaunchSpec(args=args)
         return spec.flag("--model-path") or spec.flag("--preset")

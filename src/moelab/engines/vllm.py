@@ -77,7 +77,7 @@ class VllmAdapter(CataloguedAdapter):
     flag_roles: ClassVar[dict[str, str]] = dict(
         tp="--tensor-parallel-size", dp="--data-parallel-size", ep="--enable-expert-parallel",
         fraction="--gpu-memory-utilization", kv="--kv-cache-dtype", ctx="--max-model-len", quant="--quantization",
-        dtype="--dtype", model="--model")
+        dtype="--dtype", model="--model", pp="--pipeline-parallel-size")
     # argparse types of vLLM's EngineArgs and CacheConfig's range for the memory fraction
     value_rules: ClassVar[dict[str, tuple]] = {
         "--tensor-parallel-size": ("int", 1, None, False), "--pipeline-parallel-size": ("int", 1, None, False),

@@ -66,6 +66,9 @@ def prepare(d: Path, spec: LaunchSpec, argv: list[str], adapter_env: dict[str, s
     shown = repro_env(spec.env, adapter_env)
     if spec.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = shown["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, spec.gpus))
+    if spec.cpus is not None and "OMP_NUM_THREADS" not in spec.env:  # intra-op threads fit the CPU share
+        env["OMP_NUM_THREADS"] = str(len(spec.cpus))
+    env.update(spec.marks)
     secrets = Secrets.gather(env={**adapter_env, **spec.env}, argv=argv, extra=[api_key])
     write_repro(d / "repro.sh", argv, shown, spec, secrets)
     return env, secrets

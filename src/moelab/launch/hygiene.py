@@ -20,14 +20,17 @@ def wait_port_free(host: str, port: int, timeout: float = 3.0) -> bool:
     return True
 
 
-def gpu_back(baseline: list[int] | None, tolerance: int = 256 << 20, timeout: float = 10.0) -> tuple[bool | None, str]:
-    """(True/False, note) per GPU against the used bytes before launch; (None, why) without NVML."""
+def gpu_back(baseline: list[int] | None, tolerance: int = 256 << 20, timeout: float = 10.0,
+             only: list[int] | None = None) -> tuple[bool | None, str]:
+    """(True/False, note) per GPU against the used bytes before launch; (None, why) without NVML.
+    `only`: the trial's own GPUs (a packed study runs other trials on the rest)."""
     if baseline is None:
         return None, "no NVML: GPU memory not checked"
     deadline = time.monotonic() + timeout
     while True:
         now = gpu_used_total() or baseline
-        over = [(i, n - b) for i, (n, b) in enumerate(zip(now, baseline)) if n - b > tolerance]
+        over = [(i, n - b) for i, (n, b) in enumerate(zip(now, baseline))
+                if n - b > tolerance and (only is None or i in only)]
         if not over or time.monotonic() > deadline:
             return not over, "; ".join(f"GPU {i}: +{d / 2**20:.0f} MiB over its baseline" for i, d in over)
         time.sleep(0.2)

@@ -52,14 +52,15 @@ class Leftover:
             else f"pid {self.root} ({self.command[:90]})"
 
 
-def find(select: Callable[[dict[str, str]], bool] = lambda env: True) -> list[Leftover]:
-    """Trials whose processes carry a marker, whose owner is gone, and that `select(env)` picks."""
+def find(select: Callable[[dict[str, str]], bool] = lambda env: True, live_owner: bool = False) -> list[Leftover]:
+    """Trials whose processes carry a marker, whose owner is gone (or alive too: `live_owner`, a
+    driver's own sweep after an interrupt or a lost worker), and that `select(env)` picks."""
     by_marker: dict[str, Leftover] = {}
     for d in Path("/proc").iterdir():
         if not d.name.isdigit() or int(d.name) == os.getpid():
             continue
         env = environ_of(int(d.name))
-        if not env or MARKER not in env or owner_alive(env.get(OWNER)) or not select(env):
+        if not env or MARKER not in env or (not live_owner and owner_alive(env.get(OWNER))) or not select(env):
             continue
         lo = by_marker.setdefault(env[MARKER], Leftover(env[MARKER], env.get(OWNER)))
         lo.pids.append(int(d.name))

@@ -38,6 +38,16 @@ from moelab.launch.telemetry import Sampler, gpu_used_total
 from moelab.spec import Cause, Evidence, LaunchSpec, Phase, Verdict
 
 
+def pinned(argv: list[str], cpus: list[int] | None) -> list[str]:
+    """argv run on `cpus` only (a packed study's share of the machine), through taskset so that
+    the affinity holds from the first instruction and every descendant inherits it."""
+    import shutil
+
+    if not cpus or shutil.which("taskset") is None:
+        return argv
+    return ["taskset", "-c", ",".join(map(str, cpus)), *argv]
+
+
 def _running(p) -> bool:
     try:
         return p.is_running() and p.status() != "zombie"
@@ -126,7 +136,7 @@ class Supervisor:
         # Started before the server, so no moment exists in which moelab could die and leave it.
         self.guardian = Guardian(self.marker, self.dir, cgroup=self.cgroup.path)
         try:
-            self.proc = subprocess.Popen(self.cgroup.wrap(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            self.proc = subprocess.Popen(self.cgroup.wrap(pinned(argv, self.spec.cpus)), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, env=env, start_new_session=True)
         except OSError as e:  # no such executable (only without the sh wrapper; with it sh exits 127)
             self.guardian.stand_down()
@@ -384,7 +394,7 @@ class Supervisor:
             self.sampler.stop()
             self.log.close()
             rep.port_free = hygiene.wait_port_free(self.spec.host, self.port)
-            rep.gpu_back, rep.gpu_note = hygiene.gpu_back(self.gpu_baseline)
+            rep.gpu_back, rep.gpu_note = hygiene.gpu_back(self.gpu_baseline, only=self.spec.gpus)
             if not self.cgroup.remove():
                 self.notes.append(f"could not remove {self.cgroup.path}")
             self.guardian.stand_down()

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.markup import escape
 
 ICON = {"done": "", "pruned": "pruned before launch", "reused": "reused from the store",
-        "resumed": "already done in this study, not rerun"}
+        "resumed": "already done in this study, not rerun", "lost": "its worker or node was lost; runs again once"}
 
 
 class Progress:

@@ -5,10 +5,13 @@ is (resume), else pruning may give it a preflight verdict, else it is launched. 
 written `running` before launch and completed after, so a kill mid-trial leaves a row that the
 next run marks `interrupted` and runs again. SIGTERM becomes KeyboardInterrupt, so the supervisor
 tears the server down on the way out.
+
+With an executor (study/executors: `--parallel`, `--executor ray`) `StudyRunner.trials` runs a
+stage's independent candidates side by side; each is decided (`_prepare`) and stored (`_begin`,
+`_complete`) here, in the driver's thread, which stays the only writer of the store.
 """
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Callable
@@ -30,6 +33,17 @@ def reap_orphans(owner: str, grace_s: float = 3.0) -> list[int]:
 
     found = leftovers.find(lambda env: env.get(OWNER, "").startswith(owner + "#"))
     return leftovers.end(found, grace_s)
+
+
+def sweep(marks: list[dict[str, str]], grace_s: float = 3.0) -> list[int]:
+    """End every process on this machine carrying one of these trials' owner marks, its moelab
+    alive or not: the driver's own sweep after an interrupt or a lost worker."""
+    from moelab.launch import leftovers
+
+    want = {m.get(OWNER) for m in marks if m.get(OWNER)}
+    if not want:
+        return []
+    return leftovers.end(leftovers.find(lambda env: env.get(OWNER) in want, live_owner=True), grace_s)
 
 
 class BudgetSpent(Exception):
@@ -64,9 +78,10 @@ def model_args(study: StudyFile) -> list[str]:
 class StudyRunner:
     def __init__(self, study: StudyFile, store: Store, out_dir: Path, *, rerun: bool = False,
                  on_event: Callable[[dict], None] | None = None, fingerprint: dict | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, executor=None) -> None:
         from moelab.secrets import Secrets, api_key as resolve_key
 
+        self.executor = executor  # None: one trial after another in this thread (study/executors)
         self.study, self.store, self.out_dir, self.rerun = study, store, Path(out_dir), rerun
         self.api_key = resolve_key(api_key)
         # every value of the study that is secret, masked in everything the store keeps
@@ -104,6 +119,84 @@ class StudyRunner:
 
     def trial(self, cand: Candidate, loads: int = 1, record_reference: Path | None = None) -> dict:
         """The stored trial for `cand` (loads=0: launch + probe only); runs it when not yet done."""
+        if self.executor is not None:
+            return self.trials([cand], loads, record_reference)[0]
+        job = self._prepare(cand, loads, record_reference)
+        if isinstance(job, dict):
+            return job
+        self._begin(job)
+        try:
+            out = job.run(on_progress=lambda p: self.on_event({"event": "progress", "id": job.tid, **p}))
+        except BaseException:  # Ctrl-C / SIGTERM: the supervisor has torn down; mark it for a rerun
+            self._interrupted(job.tid, "moelab was interrupted during this trial")
+            raise
+        return self._complete(job, out)
+
+    def trials(self, cands: list[Candidate], loads: int = 1, record_reference: Path | None = None) -> list[dict]:
+        """The stored trials for `cands`, in order. With an executor the ones that must launch run
+        side by side (each decided as it is reached, from what has finished so far); without one,
+        one after another. A trial whose worker or node was lost is `interrupted` and runs again
+        once. The store is written here, in the driver's thread, only."""
+        if self.executor is None:
+            return [self.trial(c, loads, record_reference) for c in cands]
+        from moelab.study.executors import Lost
+
+        ex, out, jobs, spent = self.executor, [None] * len(cands), {}, None
+
+        def collect() -> None:
+            job, res = ex.wait(self.on_event)
+            i = jobs.pop(job.tid)
+            if isinstance(res, Lost):
+                self._interrupted(job.tid, str(res))
+                self.on_event({"event": "lost", "trial": self._get(job.tid)})
+                if job.attempt == 0:  # once more, elsewhere if the cluster has another place
+                    again = self._prepare(cands[i], loads, record_reference, attempt=1)
+                    if isinstance(again, dict):
+                        out[i] = again
+                    else:
+                        while not ex.fits_now(again.need):
+                            collect()
+                        jobs[self._begin(again)] = i
+                        ex.submit(again)
+                    return
+                out[i] = self._get(job.tid)
+                self.seen.append(out[i])
+            elif isinstance(res, BaseException):
+                self._interrupted(job.tid, f"moelab failed during this trial: {type(res).__name__}: {res}")
+                raise res
+            else:
+                out[i] = self._complete(job, res)
+
+        try:
+            for i, c in enumerate(cands):
+                try:
+                    job = self._prepare(c, loads, record_reference)
+                except BudgetSpent as e:  # no new trial; the running ones still finish
+                    spent = e
+                    break
+                if isinstance(job, dict):
+                    out[i] = job
+                    continue
+                while not ex.fits_now(job.need):  # its row is written when it starts, not while it waits
+                    collect()
+                jobs[self._begin(job)] = i
+                ex.submit(job)
+            while jobs:
+                collect()
+        except BaseException:  # Ctrl-C, SIGTERM, a failure of moelab: end every running trial
+            ex.stop()
+            for tid in jobs:
+                self._interrupted(tid, "moelab was interrupted during this trial")
+            raise
+        if spent is not None:
+            raise spent
+        return out
+
+    def _prepare(self, cand: Candidate, loads: int, record_reference: Path | None, attempt: int = 0):
+        """The stored trial when `cand` needs no launch (done before, pruned, reused), else the
+        TrialJob of its launch, to be started with `_begin`."""
+        from moelab.study.executors import Need, TrialJob
+
         flags, spec = self.spec_for(cand)
         key = trial_key(spec.engine, self.fingerprint, self.study.model, spec.args, spec.env)
         self.seq += 1
@@ -119,39 +212,46 @@ class StudyRunner:
         row = dict(seq=self.seq, stage=cand.stage, rep=cand.rep, label=cand.label, key=key, engine=spec.engine,
                    model=self.study.model, changes=[list(c) for c in cand.changes], flags=flags, args=spec.args,
                    env=spec.env, fingerprint=self.fingerprint)
-        pre = self._pruned(cand, spec, key, loads)
+        need = self.executor.need(spec) if self.executor is not None else Need()
+        pre = self._pruned(cand, spec, key, loads, need)
         if pre is not None:
             t = pre(row)
             self._learn(t)
             self.seen.append(t)
             return t
-        tid = self.store.begin_trial(self.study_id, **row)
-        self.begun.add(tid)
-        self.on_event({"event": "start", "id": tid, "label": cand.label, "stage": cand.stage, "rep": cand.rep})
-        self.launched += 1
-        from moelab.study.trial import run_trial
+        return TrialJob(tid=0, label=cand.label, spec=spec, out_dir=self.out_dir, flags=flags,
+                        workload=self.study.workload, slo=self.study.slo.model_dump(), reference=self.reference,
+                        loads=loads, concurrency=self.study.workload.concurrency,
+                        record_reference_to=record_reference, accuracy=self.study.accuracy,
+                        answers=self.out_dir / "reference-answers.json", need=need, attempt=attempt,
+                        row=row, stage=cand.stage, rep=cand.rep)
 
-        # Every process of this trial inherits OWNER (moelab's own env is copied into the server's, and
-        # MOELAB_TRIAL* is kept out of repro.sh): after a SIGKILL of moelab, a resume finds and ends them.
-        os.environ[OWNER] = f"{self.owner}#{tid}"
-        try:
-            out = run_trial(spec, self.out_dir / f"trial-{tid:04d}", flags=flags, workload=self.study.workload,
-                            slo=self.study.slo.model_dump(), reference=self.reference, loads=loads,
-                            concurrency=self.study.workload.concurrency, record_reference_to=record_reference,
-                            accuracy=self.study.accuracy, answers=self.out_dir / "reference-answers.json",
-                            on_progress=lambda p: self.on_event({"event": "progress", "id": tid, **p}))
-        except BaseException:  # Ctrl-C / SIGTERM: the supervisor has torn down; mark it for a rerun
-            self.store.finish_trial(tid, status=TrialStatus.interrupted.value, verdict=Verdict(
-                cause=Cause.unknown, phase=Phase.launch, advice="Interrupted; runs again on resume.",
-                evidence=[Evidence(kind="interrupt", text="moelab was interrupted during this trial")]).model_dump(mode="json"))
-            raise
-        finally:
-            os.environ.pop(OWNER, None)
-        self.store.finish_trial(tid, status=TrialStatus.done.value, verdict=out.verdict.model_dump(mode="json"),
+    def _begin(self, job) -> int:
+        """Write the job's row `running` (just before it starts) and give it its id, folder and marks."""
+        tid = job.tid = self.store.begin_trial(self.study_id, **job.row)
+        self.begun.add(tid)
+        self.on_event({"event": "start", "id": tid, "label": job.label, "stage": job.stage, "rep": job.rep})
+        if job.attempt == 0:
+            self.launched += 1
+        job.out_dir = self.out_dir / f"trial-{tid:04d}"
+        # Every process of this trial carries OWNER (kept out of repro.sh, the key and the stored env):
+        # after a SIGKILL of moelab, a resume finds and ends them; an interrupt's sweep does too.
+        job.spec = job.spec.model_copy(update={"marks": {OWNER: f"{self.owner}#{tid}"}})
+        return tid
+
+    def _interrupted(self, tid: int, why: str) -> None:
+        self.store.finish_trial(tid, status=TrialStatus.interrupted.value, verdict=Verdict(
+            cause=Cause.unknown, phase=Phase.launch, advice="Interrupted; runs again on resume.",
+            evidence=[Evidence(kind="interrupt", text=why)]).model_dump(mode="json"))
+
+    def _complete(self, job, out) -> dict:
+        """Store a finished launch's outcome (the driver's thread only) and learn from it."""
+        self.store.finish_trial(job.tid, status=TrialStatus.done.value, verdict=out.verdict.model_dump(mode="json"),
                                 metrics=out.metrics,
-                                samples=out.samples, telemetry={**out.telemetry, "timings": out.timings},
+                                samples=out.samples, telemetry={**out.telemetry, "timings": out.timings,
+                                                                **({"placement": job.placement} if job.placement else {})},
                                 paths=out.paths, command=out.command)
-        t = self._get(tid)
+        t = self._get(job.tid)
         self.on_event({"event": "done", "trial": t})
         self._learn(t)
         self.seen.append(t)
@@ -172,10 +272,15 @@ class StudyRunner:
     def _get(self, tid: int) -> dict:
         return self.store.trial(tid)
 
-    def _pruned(self, cand: Candidate, spec: LaunchSpec, key: str, loads: int):
+    def _pruned(self, cand: Candidate, spec: LaunchSpec, key: str, loads: int, need=None):
         """A function that stores the trial without launching it, or None when it must launch."""
         v = prune.blamed(cand.flags(self.study.base), self.rules) or prune.same_failure(key, self.failed_keys) \
             or prune.launch_check(spec)
+        why = self.executor.refuse(need) if self.executor is not None and v is None else None
+        if why:  # no machine of the executor can ever hold it: said at once, never waited on
+            v = Verdict(cause=Cause.bad_args, phase=Phase.preflight, evidence=[Evidence(kind="resources", text=why)],
+                        advice=f"Lower the trial's parallel sizes to fit the {self.executor.name} executor's largest "
+                               "machine, or add a machine that large.")
         reused = None
         if v is None and not self.rerun:  # --rerun: launch even where another study judged this key
             reused = self.store.verdict_for(key, self.study_id, need_metrics=loads > 0, stage=cand.stage)

@@ -31,7 +31,7 @@ def _reference(r: StudyRunner) -> list[dict]:
 
 
 def _measure(r: StudyRunner, cands: list[Candidate]) -> list[dict]:
-    return [r.trial(c, loads=1) for c in cands]
+    return r.trials(cands, loads=1)  # independent candidates: side by side with an executor
 
 
 def _finalists(r: StudyRunner) -> list[dict]:
@@ -46,7 +46,9 @@ def _finalists(r: StudyRunner) -> list[dict]:
     def final(c: dict) -> dict:
         return r.trial(Candidate(tuple((k, v) for k, v in c["changes"] or []), "final"), loads=r.study.staged.repeats)
 
-    out = [final(c) for c in ranking.ranked(finished(), slo, base)[: r.study.staged.finalists]]
+    out = r.trials([Candidate(tuple((k, v) for k, v in c["changes"] or []), "final")
+                    for c in ranking.ranked(finished(), slo, base)[: r.study.staged.finalists]],
+                   loads=r.study.staged.repeats)
     for _ in range(r.study.staged.finalists):
         top = ranking.ranked(finished(), slo, base)
         if not top or len(top[0]["samples"]) > 1:
@@ -105,11 +107,20 @@ def _screen(r: StudyRunner) -> tuple[list[dict], dict]:
     loads = 1 if st.staged.bench_in_screen else 0
 
     def run(cands: list[Candidate]) -> list[dict]:
-        ts = [r.trial(c, loads=loads) for c in cands]
+        if r.executor is None:  # one after another: each screened launch, then its own bench
+            ts = [r.trial(c, loads=loads) for c in cands]
+            if st.staged.bench_in_screen:
+                return ts
+            return [r.trial(Candidate(tuple(tuple(c) for c in t["changes"]), "bench"), loads=1)
+                    if t["cause"] == "ok" else t for t in ts]
+        ts = r.trials(cands, loads=loads)  # side by side: the screen, then the benches of those that came up
         if st.staged.bench_in_screen:
             return ts
-        return [r.trial(Candidate(tuple(tuple(c) for c in t["changes"]), "bench"), loads=1) if t["cause"] == "ok"
-                else t for t in ts]
+        up = [i for i, t in enumerate(ts) if t["cause"] == "ok"]
+        benched = r.trials([Candidate(tuple(tuple(c) for c in ts[i]["changes"]), "bench") for i in up], loads=1)
+        for i, t in zip(up, benched):
+            ts[i] = t
+        return ts
 
     trials = run(planner.screen(st))
     mode = planner.screen_mode(st)
