@@ -7,7 +7,8 @@ from moelab.load.prompts import WORDS, dataset, synthetic
 
 
 def test_synthetic_with_tokenizer_json_has_exact_length(tmp_path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
+    tk = pytest.importorskip("tokenizers", reason="tokenizers comes with the engine extra")
+    Tokenizer, models, pre_tokenizers = tk.Tokenizer, tk.models, tk.pre_tokenizers
 
     tok = Tokenizer(models.WordLevel({"[UNK]": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
