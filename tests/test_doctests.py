@@ -7,7 +7,7 @@ import importlib
 import pytest
 
 MODULES = ["moelab.study.attribute", "moelab.study.search", "moelab.study.spec", "moelab.diagnose.tailor",
-           "moelab.engines.preflight"]
+           "moelab.engines.preflight", "moelab.engines.effective"]
 
 
 @pytest.mark.parametrize("name", MODULES)
