@@ -7,7 +7,8 @@ import importlib
 import pytest
 
 MODULES = ["moelab.study.attribute", "moelab.study.search", "moelab.study.spec", "moelab.diagnose.tailor",
-           "moelab.engines.preflight", "moelab.engines.effective"]
+           "moelab.engines.preflight", "moelab.engines.effective",
+           "moelab.load.server_metrics", "moelab.load.capacity"]
 
 
 @pytest.mark.parametrize("name", MODULES)
