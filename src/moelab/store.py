@@ -38,12 +38,12 @@ CREATE TABLE IF NOT EXISTS trials (
   engine TEXT, model TEXT, changes TEXT NOT NULL, flags TEXT NOT NULL, args TEXT NOT NULL, env TEXT NOT NULL,
   fingerprint TEXT NOT NULL, status TEXT NOT NULL, cause TEXT, phase TEXT, verdict TEXT,
   metrics TEXT, samples TEXT, telemetry TEXT, paths TEXT, command TEXT, reused_from INTEGER,
-  started REAL NOT NULL, finished REAL);
+  started REAL NOT NULL, finished REAL, effective TEXT);
 CREATE INDEX IF NOT EXISTS trials_key ON trials(key, status);
 CREATE INDEX IF NOT EXISTS trials_study ON trials(study_id, stage, key, rep);
 """
 JSON_COLS = ("changes", "flags", "args", "env", "fingerprint", "verdict", "metrics", "samples", "telemetry",
-             "paths", "command")
+             "paths", "command", "effective")  # effective: what the engine's log says it ran (engines/effective.py)
 # Columns an import may set (never taken from the imported document's own keys: it is untrusted).
 TRIAL_COLS = ("seq", "stage", "rep", "label", "key", "engine", "model", *JSON_COLS, "status", "cause", "phase",
               "reused_from", "started", "finished")
@@ -85,6 +85,8 @@ class Store:
                              "--store` wrote, or a new path to start one") from None
         if "extra" not in cols:  # a store written before strategy results were kept
             self.db.execute("ALTER TABLE studies ADD COLUMN extra TEXT")
+        if "effective" not in {r["name"] for r in self.db.execute("PRAGMA table_info(trials)")}:
+            self.db.execute("ALTER TABLE trials ADD COLUMN effective TEXT")  # written before it was read
 
     def close(self) -> None:
         self.unlock()
@@ -188,12 +190,14 @@ class Store:
 
     def finish_trial(self, trial_id: int, *, status: str, verdict: dict, metrics: dict | None = None,
                      samples: list | None = None, telemetry: dict | None = None, paths: dict | None = None,
-                     command: list[str] | None = None, reused_from: int | None = None) -> None:
+                     command: list[str] | None = None, reused_from: int | None = None,
+                     effective: dict | None = None) -> None:
         self.db.execute(
             "UPDATE trials SET status=?, cause=?, phase=?, verdict=?, metrics=?, samples=?, telemetry=?, paths=?, "
-            "command=?, reused_from=?, finished=? WHERE id=?",
+            "command=?, reused_from=?, finished=?, effective=? WHERE id=?",
             (status, verdict.get("cause"), verdict.get("phase"), self._dump(verdict), self._dump(metrics), self._dump(samples),
-             self._dump(telemetry), self._dump(paths), self._dump(command), reused_from, time.time(), trial_id))
+             self._dump(telemetry), self._dump(paths), self._dump(command), reused_from, time.time(),
+             self._dump(effective), trial_id))
 
     def done_trial(self, study_id: int, stage: str, key: str, rep: int) -> dict | None:
         """This study's finished trial for (stage, key, rep): what a resume reuses."""

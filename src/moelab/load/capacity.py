@@ -125,7 +125,7 @@ def answer(mode: str, slo: SLO, pct: float, steps: list[Step], limit: float) -> 
 
 def find(url: str, workload: Workload, slo: SLO, mode: str, *, pct: float = 90.0, start: float | None = None,
          limit: float | None = None, rel_tol: float = 0.1, rounds: int = 4, model: str | None = None,
-         api_key: str | None = None, progress: bool = False, on_point=None) -> tuple[Capacity, list]:
+         api_key: str | None = None, progress: bool = False, on_point=None, reference=None) -> tuple[Capacity, list]:
     """Search one running server; (the capacity, every LoadResult in the order run). Each concurrency
     point sends at least `rounds` x concurrency requests; each rate point at least `rounds` seconds
     of arrivals."""
@@ -142,7 +142,7 @@ def find(url: str, workload: Workload, slo: SLO, mode: str, *, pct: float = 90.0
         upd = {"concurrency": int(v), "request_rate": None} if by == "concurrency" else \
             {"request_rate": float(v), "concurrency": None}
         w = Workload.model_validate({**w0.model_dump(), **upd, "num_prompts": n})
-        res = run_load(url, w, model=model, api_key=api_key, progress=progress)
+        res = run_load(url, w, model=model, api_key=api_key, progress=progress, reference=reference)
         why = breaks(res, slo, pct)
         history[v] = not why
         st = Step(value=v, met=not why, why=why, at_pct=measured(res.samples, slo, pct),

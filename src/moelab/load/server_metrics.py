@@ -247,8 +247,8 @@ class Scraper:
                 self.scrapes.append((time.monotonic(), r.read().decode("utf-8", errors="replace")))
             return True
         except urllib.error.HTTPError as e:
-            self.note = (f"GET /metrics answered {e.code}" + (" (SGLang serves it only with --enable-metrics)"
-                                                               if e.code == 404 else ""))
+            self.note = (f"GET /metrics answered {e.code}" + (": no Prometheus metrics there (SGLang serves them "
+                                                               "only with --enable-metrics)" if e.code == 404 else ""))
         except (OSError, ValueError) as e:
             self.note = f"GET /metrics failed: {getattr(e, 'reason', e)}"
         return False

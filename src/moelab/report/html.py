@@ -9,9 +9,10 @@ from __future__ import annotations
 import re
 from html import escape
 
+from moelab.report import measured
 from moelab.report.build import COLOURS, failures_text
 from moelab.report.svg import tradeoff
-from moelab.study.stats import interval_text, primary, tie_sentence
+from moelab.study.stats import interval_text, objective_text, primary, tie_sentence
 
 CSS = """li.budget{color:#b00;font-weight:bold}
 
@@ -58,7 +59,7 @@ def _rec(rec: dict | None, slo: dict) -> str:
                 f"{escape(g['why'])}.</p>")
     slos = ", ".join(f"{k} &le; {v:g}" for k, v in slo.items() if v is not None)
     return (f"<div class='card rec'><div class='muted'>Recommended launch command</div>"
-            f"<div class='big'>{escape(rec['label'])}: {rec['output_tps']:.1f} output tok/s "
+            f"<div class='big'>{escape(rec['label'])}: {escape(objective_text(rec))} "
             f"<span class='muted' style='font-weight:400'>({interval_text(rec)})</span></div>"
             f"<pre>{escape(rec['command'])}</pre>{tie}"
             + (f"<div class='muted'>SLOs (p90): {slos}</div>" if slos else "") + "</div>")
@@ -144,6 +145,21 @@ def _ranked(ranked: list[dict], picked: str | None = None) -> str:
             "<th>95% CI</th><th>n</th><th>accuracy</th><th>interval</th></tr>" + "".join(rows) + "</table>")
 
 
+def _server_head() -> str:
+    return "<th>server TTFT mean ms</th><th>running peak</th><th>queued peak</th><th>KV cache peak</th>"
+
+
+def _server_cells(w: dict | None) -> str:
+    """The server's own figures beside the client's, per load point (blank where none were scraped)."""
+    if not w or not w.get("available"):
+        return f"<td colspan='4' class='muted'>{escape((w or {}).get('note') or 'no server metrics')}</td>"
+    g = lambda k, f: f(w[k]["peak"]) if w.get(k) else "-"  # noqa: E731
+    tt = w.get("ttft_ms")
+    return (f"<td class='num'>{tt['mean_ms']:.1f}</td>" if tt else "<td>-</td>") + \
+        f"<td class='num'>{g('running', lambda x: f'{x:.0f}')}</td><td class='num'>{g('waiting', lambda x: f'{x:.0f}')}</td>" \
+        f"<td class='num'>{g('kv_usage', lambda x: f'{x:.0%}')}</td>"
+
+
 def _trial(t: dict) -> str:
     v = t.get("verdict") or {}
     p = primary(t.get("metrics"))
@@ -159,10 +175,11 @@ def _trial(t: dict) -> str:
     load = ""
     if pts:
         load = ("<table><tr><th>concurrency</th><th>output tok/s</th><th>TTFT p90 ms</th><th>TPOT p50 ms</th>"
-                "<th>E2E p90 ms</th><th>valid</th></tr>" + "".join(
+                "<th>E2E p90 ms</th><th>valid</th>" + _server_head() + "</tr>" + "".join(
                     f"<tr><td class='num'>{q['concurrency']}</td><td class='num'>{q['output_tps']:.1f}</td>"
                     f"<td class='num'>{(q.get('ttft_p90_ms') or 0):.0f}</td><td class='num'>{(q.get('tpot_p50_ms') or 0):.1f}</td>"
-                    f"<td class='num'>{(q.get('e2e_p90_ms') or 0):.0f}</td><td>{'yes' if q.get('valid') else 'no: ' + escape('; '.join(q.get('invalid_reasons') or []))}</td></tr>"
+                    f"<td class='num'>{(q.get('e2e_p90_ms') or 0):.0f}</td><td>{'yes' if q.get('valid') else 'no: ' + escape('; '.join(q.get('invalid_reasons') or []))}</td>"
+                    + _server_cells(q.get("server")) + "</tr>"
                     for q in pts) + "</table>")
     return (f"<details><summary><b>#{t['id']}</b> {escape(t['stage'])}{' #' + str(t['rep']) if t['rep'] else ''} "
             f"&middot; {escape(t['label'])} &middot; {_badge(t['cause'], t['status'])} "
@@ -188,4 +205,6 @@ def render(data: dict) -> str:
             + f"<div class='legend'>{causes}</div>" + _search(data.get("search") or []) + _matrix(data["matrix"])
             + "<h2>Throughput and latency</h2><div class='card'>" + tradeoff(data["curves"], data["pareto"]) + "</div>"
             + _ranked(data["ranked"], (data["recommendation"] or {}).get("label")) + _gated(data["configs"])
+            + (f"<p class='muted'>{escape(measured.objective_line(data['recommendation'], s).replace('`', ''))}</p>"
+               if data["recommendation"] else "") + measured.html(data)
             + f"<h2>Trials</h2>{trials}</main></body></html>\n")

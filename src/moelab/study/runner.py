@@ -126,6 +126,7 @@ class StudyRunner:
                             slo=self.study.slo.model_dump(), reference=self.reference, loads=loads,
                             concurrency=self.study.workload.concurrency, record_reference_to=record_reference,
                             accuracy=self.study.accuracy, answers=self.out_dir / "reference-answers.json",
+                            objective=self.study.objective,
                             on_progress=lambda p: self.on_event({"event": "progress", "id": tid, **p}))
         except BaseException:  # Ctrl-C / SIGTERM: the supervisor has torn down; mark it for a rerun
             self.store.finish_trial(tid, status="interrupted", verdict=Verdict(
@@ -136,7 +137,7 @@ class StudyRunner:
             os.environ.pop(OWNER, None)
         self.store.finish_trial(tid, status="done", verdict=out.verdict.model_dump(mode="json"), metrics=out.metrics,
                                 samples=out.samples, telemetry={**out.telemetry, "timings": out.timings},
-                                paths=out.paths, command=out.command)
+                                paths=out.paths, command=out.command, effective=out.effective)
         t = self._get(tid)
         self.on_event({"event": "done", "trial": t})
         self._learn(t)
@@ -177,7 +178,8 @@ class StudyRunner:
                 self.store.finish_trial(tid, status="reused", verdict=rv.model_dump(mode="json"),
                                         metrics=reused["metrics"], samples=reused["samples"],
                                         telemetry=reused["telemetry"], paths=reused["paths"],
-                                        command=reused["command"], reused_from=reused["id"])
+                                        command=reused["command"], reused_from=reused["id"],
+                                        effective=reused.get("effective"))
             else:
                 self.store.finish_trial(tid, status="pruned", verdict=v.model_dump(mode="json"))
             t = self._get(tid)

@@ -35,41 +35,47 @@ def _measure(r: StudyRunner, cands: list[Candidate]) -> list[dict]:
 
 
 def _finalists(r: StudyRunner) -> list[dict]:
-    """Run the best configurations again (`repeats` load runs each, in a fresh launch). A
+    """Run the best configurations again in `final_launches` separate launches, `repeats` load runs
+    each, so the interval covers boot-to-boot variance as well as repeats on one server. A
     configuration measured once that still ranks first afterwards is measured again too, so the
     recommendation always rests on repeated measurements. Runs even when the budget is spent."""
-    slo, base = r.study.slo.model_dump(), r.study.base
+    slo, base, obj = r.study.slo.model_dump(), r.study.base, r.study.objective
 
     def finished() -> list[dict]:
         return [t for t in r.store.trials(r.study_id) if t["status"] in ("done", "reused")]
 
-    def final(c: dict) -> dict:
-        return r.trial(Candidate(tuple((k, v) for k, v in c["changes"] or []), "final"), loads=r.study.staged.repeats)
+    def final(c: dict) -> list[dict]:
+        ch = tuple((k, v) for k, v in c["changes"] or [])
+        return [r.trial(Candidate(ch, "final", rep=i), loads=r.study.staged.repeats)
+                for i in range(r.study.staged.final_launches)]
 
-    out = [final(c) for c in stats.ranked(finished(), slo, base)[: r.study.staged.finalists]]
+    out = [t for c in stats.ranked(finished(), slo, base, obj)[: r.study.staged.finalists] for t in final(c)]
     for _ in range(r.study.staged.finalists):
-        top = stats.ranked(finished(), slo, base)
+        top = stats.ranked(finished(), slo, base, obj)
         if not top or len(top[0]["samples"]) > 1:
             break
-        out.append(final(top[0]))
+        out += final(top[0])
     return out
 
 
-def score(t: dict | None, slo: dict) -> float | None:
-    """A trial's throughput at its primary load point; None where it failed, broke an SLO or its
-    measurement is not valid (what a search treats as a point that does not work)."""
+def score(t: dict | None, slo: dict, objective: str = "throughput") -> float | None:
+    """A trial's throughput at its primary load point (or its measure of another objective); None
+    where it failed, broke an SLO or its measurement is not valid (a point that does not work)."""
     if t is None or t.get("cause") != "ok":
         return None
     p = stats.primary(t.get("metrics"))
-    if p is None or p.get("output_tps") is None or stats.slo_failures(p, slo) or not p.get("valid", True):
+    if p is None or p.get("output_tps") is None or not p.get("valid", True):
         return None
-    return p["output_tps"]
+    if objective != "throughput":
+        vals = stats.objective_values(t, objective)
+        return sum(vals) / len(vals) if vals else None
+    return None if stats.slo_failures(p, slo) else p["output_tps"]
 
 
 def _center(r: StudyRunner, trials: list[dict], center: dict) -> dict:
     """The categorical values of the best measured trial so far (the center unchanged when none)."""
     slo, cat = r.study.slo.model_dump(), r.study.categorical()
-    scored = [(score(t, slo), t) for t in trials]
+    scored = [(score(t, slo, r.study.objective), t) for t in trials]
     scored = [(sc, t) for sc, t in scored if sc is not None]
     if not scored:
         return center
@@ -85,7 +91,7 @@ def _best_values(r: StudyRunner, by_axis: dict[str, list[dict]]) -> dict[str, li
     for n, trials in by_axis.items():
         best: dict = {}
         for t in trials:
-            sc, v = score(t, slo), (t.get("flags") or {}).get(n)
+            sc, v = score(t, slo, r.study.objective), (t.get("flags") or {}).get(n)
             if sc is not None and sc > best.get(v, -1.0):
                 best[v] = sc
         out[n] = sorted(best, key=lambda v: -best[v])[: r.study.staged.keep]
@@ -162,7 +168,7 @@ def _tune(r: StudyRunner, survivor: dict, seeded_from: list[dict]) -> dict:
             continue
         i = pts.index(cur[knob])
         far = 0 if i > len(pts) - 1 - i else len(pts) - 1
-        sc = score(launch({**cur, knob: pts[(i + far) // 2 if abs(far - i) > 1 else far]}), slo)
+        sc = score(launch({**cur, knob: pts[(i + far) // 2 if abs(far - i) > 1 else far]}), slo, st.objective)
         effect[knob] = None if sc is None else round(sc / max(best_score, 1e-9) - 1, 3)
     order = sorted(numeric, key=lambda k: -abs(effect[k]) if effect.get(k) is not None else 1.0)
     rec["order"], rec["first_probe_effect"] = order, effect
@@ -178,7 +184,7 @@ def _tune(r: StudyRunner, survivor: dict, seeded_from: list[dict]) -> dict:
                 if v is None:
                     break
                 t = launch({**cur, knob: v})
-                hist[v], tried[v] = score(t, slo), t
+                hist[v], tried[v] = score(t, slo, st.objective), t
             ok = {v: sc for v, sc in hist.items() if sc is not None}
             k["tried"].update({str(v): (round(sc, 1) if sc is not None else None) for v, sc in sorted(hist.items())})
             k["failed"].update({str(v): t["cause"] if t["cause"] != "ok" else _unscored(t, slo)
@@ -220,7 +226,7 @@ def _known(r: StudyRunner, target: dict, knob: str, seeded_from: list[dict], slo
     for t in r.seen:
         f = t.get("flags") or {}
         if knob in f and {k: v for k, v in f.items() if k != knob} == rest and t["status"] != "interrupted":
-            hist[f[knob]], tried[f[knob]] = score(t, slo), t
+            hist[f[knob]], tried[f[knob]] = score(t, slo, r.study.objective), t
     numeric = set(r.study.numeric())
     for t in seeded_from:
         f = t.get("flags") or {}
@@ -257,7 +263,7 @@ def _effect(tried: dict) -> dict:
 def staged(r: StudyRunner) -> dict:
     st, slo = r.study, r.study.slo.model_dump()
     screened, info = _screen(r)
-    survivors = stats.ranked([t for t in screened if t["status"] in ("done", "reused")], slo, st.base)
+    survivors = stats.ranked([t for t in screened if t["status"] in ("done", "reused")], slo, st.base, st.objective)
     survivors = survivors[: st.staged.survivors]
     tuning = []
     if st.numeric() and st.staged.tune_trials:
@@ -330,7 +336,8 @@ def run_study(r: StudyRunner) -> dict:
     extra["launches"] = r.launched
     trials = r.store.trials(r.study_id)
     rec = None if r.study.strategy == "bisect" else stats.recommend(  # bisect explains a failure only
-        [t for t in trials if t["status"] in ("done", "reused")], r.study.slo.model_dump(), r.study.base)
+        [t for t in trials if t["status"] in ("done", "reused")], r.study.slo.model_dump(), r.study.base,
+        r.study.objective)
     r.finish(rec, status, extra)
     return summary(r.store, r.study_id, elapsed_s=time.monotonic() - t0, **extra)
 
