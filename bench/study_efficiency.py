@@ -14,9 +14,11 @@ configurations. The load is 192 concurrent requests, where both numeric knobs bi
 nothing: the study reports that too).
 
 Every number is measured by running `moelab study` itself (its CLI, its store). The truth the
-study is scored against is the simulator's own model (`sglang_sim.performance`), evaluated for
-every configuration of the space without launching anything: "ratio" is the model's throughput
-of the recommended configuration over the model's best in the whole space. The baseline, measured
+study is scored against is the simulator's own model (`sglang_sim.performance`: the steady-state
+output rate at 192 concurrent requests), evaluated for every configuration of the space without
+launching anything: "ratio" is the model's throughput of the recommended configuration over the
+model's best in the whole space. Run it again with the same --keep folder and it re-scores the
+stored studies (moelab resumes them: nothing is launched again). The baseline, measured
 in the same run, is the one-factor strategy (what engineers do by hand: the base, then every value
 of every axis alone, numeric grid points included).
 """
@@ -47,14 +49,19 @@ AXES = {MOE: ["triton", "deep_gemm", "flashinfer_trtllm", "flashinfer_cutlass", 
         FRAC: {"low": 0.30, "high": 0.95, "step": 0.05}, GRAPH: {"low": 64, "high": 512, "step": 64}}
 # the user's current configuration: it launches, and crashes once the load is real
 BASE = {MOE: "triton", FP4: "auto", ATTN: "flashinfer", FRAC: sim.DEFAULT_FRACTION, GRAPH: sim.DEFAULT_GRAPH_BS}
-LOAD = 192
+LOAD, ROUNDS, OUTPUT_LEN = 192, 2, 16
+
+
+def truth(flags: dict) -> float:
+    """The simulator's own steady-state output rate for `flags` at LOAD concurrent requests."""
+    return sim.performance(flags, LOAD, OUTPUT_LEN) or 0.0
 
 
 def study_doc(name: str, **kw) -> dict:
     doc = {"name": name, "engine": "command", "command": [sys.executable, str(SIM), "--port", "{port}"],
            "base": dict(BASE), "axes": AXES,
            "reference": {MOE: "flashinfer_cutlass", FP4: "auto", ATTN: "fa3"},
-           "workload": {"concurrency": [8, LOAD], "input_len": 32, "output_len": 16, "rounds": 2},
+           "workload": {"concurrency": [8, LOAD], "input_len": 32, "output_len": OUTPUT_LEN, "rounds": ROUNDS},
            "launch": {"timeout_s": 60}, "budget": {"trials": 200, "time_s": 7200}}
     doc.update(kw)
     return doc
@@ -86,24 +93,24 @@ def run_study(doc: dict, work: Path) -> tuple[dict, list[dict], float]:
 
 def score(summary: dict, trials: list[dict], optimum: float, name: str) -> dict:
     """Launches, the best-so-far curve, causes against the simulator's truth, the recommendation's ratio."""
-    from moelab.study.stats import primary
+    from moelab.study.ranking import primary
 
     launched = [t for t in trials if t["status"] == "done"]
     curve, best_m, best_true = [], 0.0, 0.0
     wrong = []
     for i, t in enumerate(launched, 1):
-        conc = 0 if t["stage"] in ("reference", "isolate") else max(summary_conc(t), 0)
+        conc = 0 if t["stage"] in ("reference", "isolate") else LOAD  # every load trial runs up to LOAD
         want = sim.expected_cause(t["flags"], conc)
         if t["cause"] != want:
             wrong.append(f"trial {t['id']} {t['label']}: {t['cause']} (expected {want})")
         p = primary(t.get("metrics"))
         if t["cause"] == "ok" and p and p.get("output_tps") and p.get("concurrency") == LOAD:
             best_m = max(best_m, p["output_tps"])
-            best_true = max(best_true, sim.performance(t["flags"], LOAD) or 0.0)
+            best_true = max(best_true, truth(t["flags"]))
         curve.append((i, round(best_m, 1), round(best_true / optimum, 3)))
     rec = summary.get("recommendation")
     flags = rec["flags"] if rec else None
-    true = sim.performance(flags, LOAD) if flags else None
+    true = truth(flags) if flags else None
     pruned = [t for t in trials if t["status"] == "pruned"]
     return {"name": name, "launches": len(launched), "pruned": len(pruned), "trials": len(trials),
             "causes_right": len(launched) - len(wrong), "wrong": wrong, "curve": curve,
@@ -113,13 +120,6 @@ def score(summary: dict, trials: list[dict], optimum: float, name: str) -> dict:
             "fails_under_load": bool(flags) and sim.expected_cause(flags, LOAD) != "ok",
             "blamed": summary.get("blamed", []), "tuning": summary.get("tuning", []),
             "status": summary.get("status")}
-
-
-def summary_conc(t: dict) -> int:
-    pts = (t.get("metrics") or {}).get("points") or []
-    if pts:
-        return max(p["concurrency"] for p in pts)
-    return LOAD  # a load that died before it reported: the highest point was being run
 
 
 def show(res: dict) -> None:
@@ -163,7 +163,7 @@ def main() -> None:
     ap.add_argument("--keep", type=Path, help="keep the stores and trial folders here")
     a = ap.parse_args()
     pts = space()
-    perf = [(sim.performance(f, LOAD) or 0.0, f) for f in pts]
+    perf = [(truth(f), f) for f in pts]
     optimum, best = max(perf, key=lambda x: x[0])
     near = sum(1 for p, _ in perf if p >= 0.97 * optimum)
     print(f"space: {len(pts):,} configurations (the full grid's launch count); {sum(p > 0 for p, _ in perf):,} work "

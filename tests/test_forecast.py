@@ -2,13 +2,30 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
 
-torch = pytest.importorskip("torch")
-from safetensors.torch import save_file  # noqa: E402
+from moelab.forecast import BYTES, forecast, load_model, read_safetensors_header
 
-from moelab.forecast import BYTES, forecast, load_model, read_safetensors_header  # noqa: E402
+# dtype name -> bytes per element, as the safetensors format names them
+WIDTH = {"BF16": 2, "U8": 1, "F8_E4M3": 1, "F32": 4}
+
+
+def save_file(tensors: dict[str, tuple[str, tuple[int, ...]]], path: str) -> None:
+    """A real .safetensors file (8-byte header length, JSON header, zero data) without torch, so
+    the forecast, which reads only headers, is tested in moelab's core install."""
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = WIDTH[dtype]
+        for d in shape:
+            n *= d
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + n]}
+        offset += n
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(raw)) + raw + bytes(offset))
 
 GiB = 2**30
 H, I, E, L, V, KV, HD, NH = 64, 32, 8, 2, 128, 2, 16, 4  # hidden, expert inter, experts, layers, vocab ...
@@ -21,15 +38,15 @@ def _config(**extra):
             "max_position_embeddings": 512, **extra}
 
 
-def _dense(L_, dtype=torch.bfloat16):
-    t = {"model.embed_tokens.weight": torch.zeros(V, H, dtype=dtype), "lm_head.weight": torch.zeros(V, H, dtype=dtype)}
+def _dense(L_, dtype="BF16"):
+    t = {"model.embed_tokens.weight": (dtype, (V, H)), "lm_head.weight": (dtype, (V, H))}
     for li in range(L_):
         p = f"model.layers.{li}."
-        t[p + "self_attn.q_proj.weight"] = torch.zeros(NH * HD, H, dtype=dtype)
-        t[p + "self_attn.k_proj.weight"] = torch.zeros(KV * HD, H, dtype=dtype)
-        t[p + "self_attn.v_proj.weight"] = torch.zeros(KV * HD, H, dtype=dtype)
-        t[p + "self_attn.o_proj.weight"] = torch.zeros(H, NH * HD, dtype=dtype)
-        t[p + "mlp.gate.weight"] = torch.zeros(E, H, dtype=dtype)
+        t[p + "self_attn.q_proj.weight"] = (dtype, (NH * HD, H))
+        t[p + "self_attn.k_proj.weight"] = (dtype, (KV * HD, H))
+        t[p + "self_attn.v_proj.weight"] = (dtype, (KV * HD, H))
+        t[p + "self_attn.o_proj.weight"] = (dtype, (H, NH * HD))
+        t[p + "mlp.gate.weight"] = (dtype, (E, H))
     return t
 
 
@@ -39,9 +56,9 @@ def write_bf16(d):
     for li in range(L):
         for e in range(E):
             p = f"model.layers.{li}.mlp.experts.{e}."
-            t[p + "gate_proj.weight"] = torch.zeros(I, H, dtype=torch.bfloat16)
-            t[p + "up_proj.weight"] = torch.zeros(I, H, dtype=torch.bfloat16)
-            t[p + "down_proj.weight"] = torch.zeros(H, I, dtype=torch.bfloat16)
+            t[p + "gate_proj.weight"] = ("BF16", (I, H))
+            t[p + "up_proj.weight"] = ("BF16", (I, H))
+            t[p + "down_proj.weight"] = ("BF16", (H, I))
     # two shards, like a real checkpoint
     keys = sorted(t)
     save_file({k: t[k] for k in keys[: len(keys) // 2]}, str(d / "model-00001-of-00002.safetensors"))
@@ -58,10 +75,10 @@ def write_nvfp4(d, where="hf_quant_config"):
         for e in range(E):
             p = f"model.layers.{li}.mlp.experts.{e}."
             for name, (n, k) in {"gate_proj": (I, H), "up_proj": (I, H), "down_proj": (H, I)}.items():
-                t[p + name + ".weight"] = torch.zeros(n, k // 2, dtype=torch.uint8)
-                t[p + name + ".weight_scale"] = torch.zeros(n, k // 16, dtype=torch.float8_e4m3fn)
-                t[p + name + ".weight_scale_2"] = torch.ones((), dtype=torch.float32)
-                t[p + name + ".input_scale"] = torch.ones((), dtype=torch.float32)
+                t[p + name + ".weight"] = ("U8", (n, k // 2))
+                t[p + name + ".weight_scale"] = ("F8_E4M3", (n, k // 16))
+                t[p + name + ".weight_scale_2"] = ("F32", ())
+                t[p + name + ".input_scale"] = ("F32", ())
     save_file(t, str(d / "model.safetensors"))
     q = {"quant_algo": "NVFP4", "group_size": 16, "exclude_modules": ["lm_head"]}
     if where == "hf_quant_config":
@@ -128,7 +145,7 @@ def test_does_not_fit_is_reported_with_numbers(tmp_path):
 def test_vllm_needs_one_full_sequence_of_kv(tmp_path):
     m = load_model(str(write_bf16(tmp_path / "m")))
     room = m.weight_bytes + 100 * 2 * L * KV * HD * 2  # KV for ~100 tokens after the weights
-    f = forecast(m, engine="vllm", gpu_memory=int(room / 0.9) + 1, n_gpus=1, context_len=512)
+    f = forecast(m, engine="vllm", gpu_memory=int(room / 0.9) + 1, n_gpus=1, context_len=512, refuses_short_kv=True)
     assert not f.fits and "less than one 512-token sequence" in f.problems[0]
     g = forecast(m, engine="sglang", gpu_memory=int(room / 0.88) + 1, n_gpus=1, context_len=512)
     assert g.fits and any("512-token" in n for n in g.notes)  # SGLang caps instead of refusing

@@ -18,8 +18,8 @@ def _moelab(*args, timeout=240):
 
 
 @pytest.mark.process
+@pytest.mark.engine
 def test_kernels_json_on_cpu_runs_reference_and_grouped():
-    pytest.importorskip("torch")
     p = _moelab("kernels", "--shape", "8,2,64,32", "--tokens", "1,4", "--formats", "bf16,nvfp4", "--json")
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
@@ -33,8 +33,8 @@ def test_kernels_json_on_cpu_runs_reference_and_grouped():
 
 
 @pytest.mark.process
+@pytest.mark.engine
 def test_kernels_table_and_explicit_triton_on_cpu():
-    pytest.importorskip("torch")
     p = _moelab("kernels", "--shape", "4,1,32,16", "--tokens", "2", "--formats", "bf16", "--backends", "grouped,triton")
     assert p.returncode == 0, p.stderr
     assert "grouped" in p.stdout and "unsupported_arch" in p.stdout and "CUDA" in p.stdout

@@ -80,3 +80,27 @@ def test_interrupt_of_moelab_tears_the_server_down(tmp_path, sig):
     left = [q for q in psutil.process_iter(["cmdline"]) if tag in " ".join(q.info["cmdline"] or [])
             and q.status() != psutil.STATUS_ZOMBIE]
     assert not left
+
+
+def test_the_port_the_user_gives_is_the_port_moelab_watches(tmp_path, free_port):
+    # the command's own --port (no {port} placeholder): moelab waits on that port and probes it
+    r = moelab("launch", "--engine", "command", "--no-probe", "--json", "--out", str(tmp_path / "t"),
+               "--", sys.executable, FAKE, "--mode", "ok", "--port", str(free_port))
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["cause"] == "ok", doc
+    assert doc["url"] == f"http://127.0.0.1:{free_port}"
+    assert f"--port {free_port}" in (tmp_path / "t" / "repro.sh").read_text()
+
+
+def test_a_busy_user_port_is_port_in_use_naming_its_holder(tmp_path, free_port):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", free_port))
+        s.listen()
+        r = moelab("launch", "--engine", "command", "--no-probe", "--json", "--out", str(tmp_path / "t"),
+                   "--", sys.executable, FAKE, "--mode", "ok", "--port", str(free_port))
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["cause"] == "port_in_use" and doc["phase"] == "preflight"
+    assert f"127.0.0.1:{free_port} is already in use by pid {os.getpid()}" in doc["evidence"][0]["text"]
+    assert doc.get("url") in (None, f"http://127.0.0.1:{free_port}")  # never a port moelab picked and never used

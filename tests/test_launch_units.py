@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from moelab.engines import ENGINES
-from moelab.launch import kernellog, preflight, trial, verdicts
+from moelab.launch import folder, kernellog, machine, verdicts
 from moelab.launch.cgroup import MemoryCgroup, parse_size
 from moelab.launch.proctree import TeardownReport
 from moelab.spec import Cause, LaunchSpec, Phase, Verdict
@@ -30,9 +30,9 @@ def test_secrets_from_env_names_and_flags_are_masked(tmp_path, monkeypatch):
 
     monkeypatch.setenv("HF_TOKEN", "hf_supersecret")
     argv = ["vllm", "serve", "m", "--api-key", "sk-one", "--hf-token=hf_two", "--port", "8000"]
-    env = trial.repro_env({"NCCL_P2P_DISABLE": "1", "OPENAI_API_KEY": "sk-three"}, {"PYTHONUNBUFFERED": "1"})
+    env = folder.repro_env({"NCCL_P2P_DISABLE": "1", "OPENAI_API_KEY": "sk-three"}, {"PYTHONUNBUFFERED": "1"})
     secrets = Secrets.gather(env={"OPENAI_API_KEY": "sk-three"}, argv=argv)
-    trial.write_repro(tmp_path / "repro.sh", argv, env, LaunchSpec(engine="vllm"), secrets)
+    folder.write_repro(tmp_path / "repro.sh", argv, env, LaunchSpec(engine="vllm"), secrets)
     text = (tmp_path / "repro.sh").read_text()
     for s in ("sk-one", "hf_two", "sk-three", "hf_supersecret"):
         assert s not in text
@@ -80,10 +80,10 @@ def test_preflight_names_the_port_holder():
         s.bind(("127.0.0.1", 0))
         s.listen()
         port = s.getsockname()[1]
-        v = preflight.check_port("127.0.0.1", port)
+        v = machine.check_port("127.0.0.1", port)
         assert v.cause is Cause.port_in_use and v.phase is Phase.preflight
         assert "pid " in v.evidence[0].text and "--port" in v.advice
-    assert preflight.check_port("127.0.0.1", port) is None
+    assert machine.check_port("127.0.0.1", port) is None
 
 
 def test_adapters_command_lines():
@@ -115,9 +115,9 @@ def test_busy_gpu_is_refused_unless_forced():
     gpus = [GPU(index=0, name="NVIDIA H100", sm="sm_90", capability=(9, 0), memory_total=80 << 30,
                 memory_free=10 << 30, processes=[GPUProcess(pid=4242, name="python train.py", used_bytes=70 << 30)]),
             GPU(index=1, name="NVIDIA H100", sm="sm_90", capability=(9, 0), memory_total=80 << 30, memory_free=80 << 30)]
-    v, notes = preflight.check_gpus([0, 1], found=gpus)
+    v, notes = machine.check_gpus([0, 1], found=gpus)
     assert v.phase is Phase.preflight and "pid 4242 (python train.py) holds 70.0 GiB" in v.evidence[0].text
     assert "--force" in v.advice and len(notes) == 2
-    assert preflight.check_gpus([1], found=gpus)[0] is None  # only GPU 1 is used: it is free
-    v, notes = preflight.check_gpus(None, force=True, found=gpus)
+    assert machine.check_gpus([1], found=gpus)[0] is None  # only GPU 1 is used: it is free
+    v, notes = machine.check_gpus(None, force=True, found=gpus)
     assert v is None and any(n.startswith("--force: going past") for n in notes)

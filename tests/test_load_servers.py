@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "bad_servers"))
+sys.path.insert(0, str(Path(__file__).parent / "fakes"))
 from spawn import serve  # noqa: E402
 
 from moelab.load import SLO, Workload, run_load, sweep  # noqa: E402

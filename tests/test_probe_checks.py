@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from moelab.probe import Answer, compare, flags, judge, tolerance_for
+from moelab.probe import Answer, compare, judge, symptoms, tolerance_for
 from moelab.probe.judge import make_result
 from moelab.spec import Cause
 
@@ -28,14 +28,14 @@ def results(answers):
     return [make_result(f"p{i}", "t", a) for i, a in enumerate(answers)]
 
 
-def test_absolute_flags():
-    assert flags(ans(["!"] * 8)).repeated_token == "!"
-    assert flags(ans([])).empty
-    assert flags(ans([" a", " b"] * 8)).loop_period == 2
-    assert flags(ans(["\ufffd"] * 3 + ["x"], text="\ufffd\ufffd\ufffdx")).replacement_fraction == 0.75
-    assert flags(ans([" a", " b"], lps=[-0.1, math.nan])).nonfinite
-    assert flags(Answer(text="x", tokens=["x"], token_logprobs=[-1.0], top_logprobs=[{"x": -math.inf}])).nonfinite
-    assert not flags(random_model(1)).symptoms
+def test_absolute_symptoms():
+    assert symptoms(ans(["!"] * 8)).repeated_token == "!"
+    assert symptoms(ans([])).empty
+    assert symptoms(ans([" a", " b"] * 8)).loop_period == 2
+    assert symptoms(ans(["\ufffd"] * 3 + ["x"], text="\ufffd\ufffd\ufffdx")).replacement_fraction == 0.75
+    assert symptoms(ans([" a", " b"], lps=[-0.1, math.nan])).nonfinite
+    assert symptoms(Answer(text="x", tokens=["x"], token_logprobs=[-1.0], top_logprobs=[{"x": -math.inf}])).nonfinite
+    assert not symptoms(random_model(1)).names
 
 
 def test_healthy_random_model_is_ok_even_with_some_loops():

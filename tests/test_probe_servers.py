@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent / "bad_servers"))
+sys.path.insert(0, str(Path(__file__).parent / "fakes"))
 from spawn import serve  # noqa: E402
 
 from moelab.probe import ServerUnreachable, record_reference, run_probe  # noqa: E402

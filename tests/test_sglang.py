@@ -63,9 +63,9 @@ def test_prefixes_and_model_path():
 
 def test_preflight_rejects_unknown_flags_before_launch():
     a = ENGINES.create("sglang")
-    v = a.preflight(LaunchSpec(engine="sglang", args=["--model-path", "m", "--moe-runner-backend", "trtllm"]))
+    v = a.flag_check(LaunchSpec(engine="sglang", args=["--model-path", "m", "--moe-runner-backend", "trtllm"]))
     assert v is not None and v.cause.value == "bad_args" and v.phase.value == "preflight"
-    assert a.preflight(LaunchSpec(engine="sglang", args=["--model-path", "m", "--tp", "8"])) is None
+    assert a.flag_check(LaunchSpec(engine="sglang", args=["--model-path", "m", "--tp", "8"])) is None
 
 
 def test_phase_markers_on_a_real_launch_log():

@@ -14,7 +14,7 @@ import sys
 import pytest
 import yaml
 
-from moelab.study import stats
+from moelab.study import ranking
 
 MOE = "--moe-runner-backend"
 
@@ -31,21 +31,21 @@ def trial(i, value, tps, ran=None, goodput=None, stage="screen", rep=0, label=No
 def test_requests_that_ran_the_same_are_one_configuration_named_after_what_ran():
     ts = [trial(1, "auto", [100, 102], ran="triton"), trial(2, "triton", [101, 99], ran="triton"),
           trial(3, "grouped", [80, 81], ran="grouped"), trial(4, "cutlass", [100, 98], ran="triton")]
-    cfg = stats.by_config(ts, {})
+    cfg = ranking.by_config(ts, {})
     assert set(cfg) == {"moe-runner-backend=triton", "moe-runner-backend=grouped"}
     t = cfg["moe-runner-backend=triton"]
     assert sorted(t["same_as"]) == ["moe-runner-backend=auto", "moe-runner-backend=cutlass"]
     assert t["launches"] == 3 and len(t["samples"]) == 6 and t["rep_trial"] == 2
-    rec = stats.recommend(ts, {})
+    rec = ranking.recommend(ts, {})
     assert rec["label"] == "moe-runner-backend=triton" and rec["command"] == f"srv {MOE} triton"
     assert rec["runner_up"]["label"] == "moe-runner-backend=grouped"  # no "auto beats triton"
 
 
 def test_nothing_unreported_is_merged():
     ts = [trial(1, "auto", [100, 102]), trial(2, "triton", [101, 99])]  # no effective configuration kept
-    assert set(stats.by_config(ts, {})) == {"moe-runner-backend=auto", "moe-runner-backend=triton"}
+    assert set(ranking.by_config(ts, {})) == {"moe-runner-backend=auto", "moe-runner-backend=triton"}
     twin = [trial(1, "auto", [100, 101], ran="triton"), trial(2, "auto", [80, 81], ran="grouped", stage="final")]
-    cfg = stats.by_config(twin, {})  # the same flags that ran otherwise in another launch stay apart
+    cfg = ranking.by_config(twin, {})  # the same flags that ran otherwise in another launch stay apart
     assert len(cfg) == 2 and any("ran otherwise" in k for k in cfg)
 
 
@@ -53,33 +53,33 @@ def test_the_interval_is_over_launch_means_and_both_spreads_are_reported():
     # three launches whose repeats agree closely inside each but not across: a pooled interval over
     # the nine samples would be narrow; over the three launch means it is honest about boots
     launches = [[100.0, 100.5, 99.5], [110.0, 110.4, 109.6], [90.0, 90.3, 89.7]]
-    m, lo, hi, over = stats.launch_interval(launches)
-    pooled = stats.t_interval([x for ls in launches for x in ls])
+    m, lo, hi, over = ranking.launch_interval(launches)
+    pooled = ranking.t_interval([x for ls in launches for x in ls])
     assert over == "launches" and m == pytest.approx(100.0) and (hi - lo) > 3 * (pooled[2] - pooled[1])
-    sp = stats.spread(launches)
+    sp = ranking.spread(launches)
     assert sp["launches"] == 3 and sp["within_cv"] < 0.01 < 0.05 < sp["across_cv"]
-    assert stats.launch_interval([[5.0, 7.0]])[3] == "samples" and stats.spread([[5.0, 7.0]])["across_cv"] is None
+    assert ranking.launch_interval([[5.0, 7.0]])[3] == "samples" and ranking.spread([[5.0, 7.0]])["across_cv"] is None
     ts = [trial(1, "triton", [100.0, 100.5, 99.5], stage="final", rep=0),
           trial(2, "triton", [110.0, 110.4, 109.6], stage="final", rep=1),
           trial(3, "triton", [90.0, 90.3, 89.7], stage="final", rep=2)]
-    rec = stats.recommend(ts, {})
+    rec = ranking.recommend(ts, {})
     assert rec["launches"] == 3 and rec["interval_over"] == "launches" and rec["ci95"][0] < 80
-    assert stats.interval_text(rec).endswith("n=9 over 3 launches")
+    assert ranking.interval_text(rec).endswith("n=9 over 3 launches")
 
 
 def test_goodput_decides_under_its_objective():
     fast_late = [trial(1, "a", [200, 202], goodput=1.0), trial(2, "b", [150, 151], goodput=9.0)]
     for t, vals in zip(fast_late, ([1.0, 1.1], [9.0, 9.2])):
         t["metrics"]["objective"] = {"name": "goodput", "values": vals}
-    assert stats.recommend(fast_late, {"ttft_ms": 10}) is None  # throughput: p90 TTFT 50 ms > 10 ms filters both
-    rec = stats.recommend(fast_late, {"ttft_ms": 10}, objective="goodput")
+    assert ranking.recommend(fast_late, {"ttft_ms": 10}) is None  # throughput: p90 TTFT 50 ms > 10 ms filters both
+    rec = ranking.recommend(fast_late, {"ttft_ms": 10}, objective="goodput")
     assert rec["label"] == "moe-runner-backend=b" and rec["value"] == pytest.approx(9.1)
-    assert rec["objective"] == "goodput" and stats.objective_text(rec).startswith("9.10 goodput req/s")
+    assert rec["objective"] == "goodput" and ranking.objective_text(rec).startswith("9.10 goodput req/s")
     assert rec["output_tps"] == pytest.approx(150.5)  # still the throughput, for the table
 
 
 def test_an_objective_that_needs_an_slo_says_so():
-    from moelab.study.spec import StudyError, parse_study
+    from moelab.study.file import StudyError, parse_study
 
     with pytest.raises(StudyError, match="objective: goodput is measured against the SLO"):
         parse_study({"axes": {MOE: ["reference"]}, "objective": "goodput"})

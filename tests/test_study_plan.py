@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from moelab.study import StudyError, parse_study
-from moelab.study import planner, stats
+from moelab.study import planner, ranking
 from moelab.study.planner import Candidate
 
 BASE = {"engine": "embedded", "model": "tiny", "axes": {"--moe-runner-backend": ["reference", "grouped"]}}
@@ -84,9 +84,9 @@ def test_blame_needs_the_flag_and_value_in_the_evidence():
 
 
 def test_t_interval():
-    m, lo, hi = stats.t_interval([10.0, 12.0, 11.0])
+    m, lo, hi = ranking.t_interval([10.0, 12.0, 11.0])
     assert m == 11.0 and lo == pytest.approx(11 - 4.303 * 1 / 3 ** 0.5, rel=1e-3) and hi > m
-    assert stats.t_interval([5.0]) == (5.0, 5.0, 5.0)
+    assert ranking.t_interval([5.0]) == (5.0, 5.0, 5.0)
 
 
 def _trial(i, label, tps, changes, cause="ok", e2e=100.0, valid=True):
@@ -98,10 +98,10 @@ def _trial(i, label, tps, changes, cause="ok", e2e=100.0, valid=True):
 def test_recommend_calls_a_tie_a_tie_and_prefers_the_baseline():
     trials = [_trial(1, "a", [100, 104, 98], [["--b", "x"]]), _trial(2, "b", [101, 99, 103], [["--b", "y"]]),
               _trial(3, "c", [50, 51, 49], [["--b", "z"]]), _trial(4, "d", [500], [["--b", "w"]], cause="hang")]
-    rec = stats.recommend(trials, {}, base={"--b": "y"})
+    rec = ranking.recommend(trials, {}, base={"--b": "y"})
     assert rec["label"] == "b" and [t["label"] for t in rec["tie"]] == ["a"] and rec["n"] == 3
     assert rec["command"] == "srv --x b"
-    clear = stats.recommend([_trial(1, "a", [100, 101, 99], [["--b", "x"]]),
+    clear = ranking.recommend([_trial(1, "a", [100, 101, 99], [["--b", "x"]]),
                              _trial(2, "b", [50, 51, 49], [["--b", "y"]])], {})
     assert clear["label"] == "a" and clear["tie"] == [] and clear["runner_up"]["label"] == "b"
 
@@ -110,16 +110,16 @@ def test_a_reused_measurement_counts_once():
     a = _trial(1, "a", [100, 104, 98], [["--b", "x"]])
     again = {**_trial(2, "a", [100, 104, 98], [["--b", "x"]]), "reused_from": 1}
     twice = {**_trial(3, "a", [100, 104, 98], [["--b", "x"]]), "reused_from": 1}
-    assert stats.recommend([a, again], {})["n"] == 3 and stats.recommend([again, twice], {})["n"] == 3
+    assert ranking.recommend([a, again], {})["n"] == 3 and ranking.recommend([again, twice], {})["n"] == 3
 
 
 def test_slo_excludes_and_pareto():
     fast_slow = _trial(1, "fast", [200], [["--b", "x"]], e2e=900)
     ok = _trial(2, "ok", [100], [["--b", "y"]], e2e=100)
-    assert stats.recommend([fast_slow, ok], {"e2e_ms": 500})["label"] == "ok"
-    assert stats.slo_failures(fast_slow["metrics"]["points"][0], {"e2e_ms": 500}) == ["p90 E2E 900 ms > 500 ms"]
+    assert ranking.recommend([fast_slow, ok], {"e2e_ms": 500})["label"] == "ok"
+    assert ranking.slo_failures(fast_slow["metrics"]["points"][0], {"e2e_ms": 500}) == ["p90 E2E 900 ms > 500 ms"]
     pts = [{"output_tps": 10, "e2e_p90_ms": 5}, {"output_tps": 20, "e2e_p90_ms": 9}, {"output_tps": 15, "e2e_p90_ms": 12}]
-    assert stats.pareto(pts) == pts[:2]
+    assert ranking.pareto(pts) == pts[:2]
 
 
 def test_candidate_label():
@@ -139,10 +139,10 @@ def test_examples_are_valid_and_use_real_engine_flags(path):
 
 
 def test_support_matrix_and_flag_catalogue_prune_before_launch():
-    from moelab.engines.preflight import Hardware
+    from moelab.engines.check import Hardware
     from moelab.spec import LaunchSpec
     from moelab.study import load_study
-    from moelab.study.prune import preflight
+    from moelab.study.prune import launch_check as preflight
     from moelab.study.runner import model_args
 
     s = load_study(next(p for p in EXAMPLES if p.name == "sglang-nvfp4.yaml"))

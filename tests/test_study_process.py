@@ -1,4 +1,4 @@
-"""Tier 2: studies over real server processes (the fake engine in test_study_fakeserver.py).
+"""Tier 2: studies over real server processes (the fake engine tests/fakes/study_server.py).
 
 A `command`-engine study whose flags make the fake refuse, crash, serve garbage or serve well;
 resume after a real SIGTERM and a real SIGKILL of `moelab study`; reuse across studies; bisect.
@@ -20,7 +20,7 @@ import yaml
 from moelab.store import Store
 
 pytestmark = pytest.mark.process
-FAKE = Path(__file__).with_name("test_study_fakeserver.py")
+FAKE = Path(__file__).parent / "fakes" / "study_server.py"
 
 
 def write_study(tmp_path: Path, **kw) -> Path:
@@ -179,3 +179,31 @@ def test_a_budget_that_stops_the_plan_is_said_loudly_and_the_finalists_still_run
     md = subprocess.run([sys.executable, "-m", "moelab.cli", "report", str(store)], capture_output=True, text=True,
                         timeout=60).stdout
     assert "STOPPED BY THE BUDGET" in md
+
+
+def test_fake_decision_table():
+    sys.path.insert(0, str(FAKE.parent))
+    from study_server import answer, behaviour
+
+    assert behaviour("refuse", "none") == "refuse"
+    assert behaviour("fast", "q8") == "ima" and behaviour("fast", "none") == "ok" and behaviour("slow", "q8") == "ok"
+    assert behaviour("slow", "bad") == "garbage"
+    assert answer("p", 3, "ok") == answer("p", 3, "ok") != answer("p", 3, "bad")
+
+
+@pytest.mark.embedded
+def test_a_workload_longer_than_the_context_is_bad_args_not_zero_throughput(tmp_path):
+    """The digits preset serves 64 tokens of context; 100-token prompts are refused (HTTP 400) by a
+    live server. That is the trial's verdict (bad_args, phase load, the server's words), never an ok
+    configuration at 0 tok/s that could be recommended."""
+    p = tmp_path / "s.yaml"
+    p.write_text("engine: embedded\nmodel: digits\naxes: {--moe-runner-backend: [grouped]}\n"
+                 "workload: {concurrency: [2], input_len: 100, output_len: 8, num_prompts: 4}\n")
+    r = subprocess.run([sys.executable, "-m", "moelab.cli", "study", str(p), "--store", str(tmp_path / "s.db"), "--json"],
+                       capture_output=True, text=True, timeout=120)
+    s = json.loads(r.stdout)
+    assert r.returncode == 1 and s["recommendation"] is None
+    (t,) = s["trials"]
+    assert t["cause"] == "bad_args" and "refused" in t["reason"]
+    v = json.loads((tmp_path / "s.trials" / "trial-0001" / "verdict.json").read_text())["verdict"]
+    assert v["phase"] == "load" and "maximum context length is 64" in json.dumps(v["evidence"])

@@ -5,6 +5,7 @@ matters under load. bench/study_efficiency.py runs the whole space; these run sm
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ import yaml
 
 from moelab.store import Store
 
-pytestmark = pytest.mark.process
+pytestmark = [pytest.mark.process, pytest.mark.slow]
 SIM = Path(__file__).parent / "fakes" / "sglang_sim.py"
 MOE, FP4, ATTN = "--moe-runner-backend", "--fp4-gemm-backend", "--attention-backend"
 FRAC, GRAPH = "--mem-fraction-static", "--cuda-graph-max-bs"
@@ -28,8 +29,9 @@ def run(tmp_path: Path, doc: dict, *extra: str) -> tuple[subprocess.CompletedPro
     path = tmp_path / "sim.yaml"
     path.write_text(yaml.safe_dump(base, sort_keys=False))
     store = tmp_path / "sim.db"
+    env = {**os.environ, "MOELAB_SIM_STEP_S": "0.05"}  # a step of 50 ms: quick, and no client-bound load
     r = subprocess.run([sys.executable, "-m", "moelab.cli", "study", str(path), "--store", str(store), "--json",
-                        *extra], capture_output=True, text=True, timeout=900)
+                        *extra], capture_output=True, text=True, timeout=900, env=env)
     trials = []
     if store.exists():
         with Store(store) as st:

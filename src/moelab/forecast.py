@@ -19,7 +19,8 @@ from pydantic import BaseModel, Field
 KNOWN = Path(__file__).parent / "engines" / "known_models.yaml"
 # Bytes per weight element by format. NVFP4: 4-bit values + one e4m3 scale per 16 (notes §5).
 BYTES = {"bf16": 2.0, "fp16": 2.0, "fp32": 4.0, "fp8": 1.0 + 1 / 128, "mxfp8": 1.0 + 1 / 32,
-         "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32, "int4": 0.5 + 1 / 64}
+         "nvfp4": 0.5 + 1 / 16, "mxfp4": 0.5 + 1 / 32, "int4": 0.5 + 1 / 64, "int8": 1.0 + 1 / 128,
+         "unknown": 2.0}  # unknown: quantized to a width the config does not state; sized as bf16 (an upper bound)
 _EXPERT = re.compile(r"\.experts\.(\d+\.|w13|w2|gate_up|down)")  # routed experts (not shared_expert)
 GiB = 2**30
 # Host RAM per engine process (python + torch + engine imports). Calibrated on vLLM CPU, whose 3
@@ -58,22 +59,13 @@ def _merged_config(raw: dict) -> dict:
 
 def _quant(raw: dict, model_dir: Path | None) -> tuple[str, str]:
     """(format, where it was found) from hf_quant_config.json or quantization_config."""
+    from moelab.formats import of_checkpoint
+
     q, where = raw.get("quantization_config"), "config.json quantization_config"
     if model_dir and (model_dir / "hf_quant_config.json").exists():
-        q = json.loads((model_dir / "hf_quant_config.json").read_text()).get("quantization", {})
+        q = json.loads((model_dir / "hf_quant_config.json").read_text())
         where = "hf_quant_config.json"
-    if not q:
-        return "bf16", "none"
-    algo = str(q.get("quant_algo") or q.get("quant_method") or "").upper()
-    if "FP4" in algo and "MX" not in algo:
-        return "nvfp4", where
-    if "MXFP4" in algo:
-        return "mxfp4", where
-    if "FP8" in algo:
-        return "fp8", where
-    if algo in ("AWQ", "GPTQ"):
-        return "int4", where
-    return "bf16", where
+    return (of_checkpoint(q), where) if q else ("bf16", "none")
 
 
 def read_safetensors_header(path: Path) -> dict:
@@ -199,7 +191,8 @@ def forecast(m: ModelInfo, *, engine: str, tp: int = 1, dp: int = 1, ep: bool = 
              fraction_default: float = 0.9, fraction_flag: str = "--mem-fraction-static",
              kv_dtype: str | None = None, context_len: int | None = None,
              host_limit: int | None = None, cpu_kv_bytes: int | None = None,
-             dense_bytes_per_rank: int | None = None, dtype_bytes: float | None = None) -> Forecast:
+             dense_bytes_per_rank: int | None = None, dtype_bytes: float | None = None,
+             refuses_short_kv: bool = False) -> Forecast:
     """Per-GPU weights, KV bytes per token and tokens that fit, host RAM while loading.
 
     Experts are split over tp (or tp*dp with expert parallelism); everything else over tp, unless
@@ -247,8 +240,9 @@ def forecast(m: ModelInfo, *, engine: str, tp: int = 1, dp: int = 1, ep: bool = 
             if ctx and f.kv_tokens < ctx:
                 msg = (f"KV cache room {f.kv_room_per_gpu / GiB:.1f} GiB per GPU holds {f.kv_tokens:,} tokens, "
                        f"less than one {ctx:,}-token sequence")
-                # vLLM refuses to start when one max-length sequence does not fit; SGLang caps.
-                (problems if engine == "vllm" else notes).append(msg)
+                # an engine that refuses to start when one max-length sequence does not fit (vLLM)
+                # fails here; the others cap the context
+                (problems if refuses_short_kv else notes).append(msg)
         f.host_ram_loading = int(ranks * (PROCESS_RAM + CUDA_CONTEXT_RAM + m.largest_file) + PROCESS_RAM)
         notes.append("host RAM while loading: per rank one process + CUDA context + one staged shard")
     else:

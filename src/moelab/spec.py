@@ -3,7 +3,7 @@
 Every arrow in the flow (planner -> launch -> probe -> load -> verdict -> store) carries one of
 these models. Decisions are pure functions over them; processes and sockets live at the edges.
 The cause and phase strings are a fixed vocabulary shared by the store, the JSON output and the
-report (see DESIGN.md); never invent new ones at a call site.
+report (see docs/DESIGN.md); never invent new ones at a call site.
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ import os
 import sqlite3
 import sys
 import time
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -47,9 +48,68 @@ JSON_COLS = ("changes", "flags", "args", "env", "fingerprint", "verdict", "metri
 # Columns an import may set (never taken from the imported document's own keys: it is untrusted).
 TRIAL_COLS = ("seq", "stage", "rep", "label", "key", "engine", "model", *JSON_COLS, "status", "cause", "phase",
               "reused_from", "started", "finished")
-DONE = ("done", "pruned", "reused")  # a finished trial: never run again on resume
+class TrialStatus(str, Enum):
+    """Where a trial stands. A finished one (done, pruned, reused) never runs again on resume."""
+
+    running = "running"  # written before launch; still running when a study resumes = interrupted
+    done = "done"  # launched and judged
+    pruned = "pruned"  # judged without a launch (preflight, attribution, the same failure before)
+    reused = "reused"  # another study's verdict for exactly this key
+    interrupted = "interrupted"  # moelab was stopped during it; it runs again
+
+
+DONE = tuple(s.value for s in (TrialStatus.done, TrialStatus.pruned, TrialStatus.reused))
 # Columns that hold environments, argv or flags: masked by name again when read.
 _NAMED = ("env", "args", "flags", "command", "spec", "recommendation", "verdict")
+
+
+class Trial(dict):
+    """One stored trial, read once: a plain mapping (what the pure rankings, the report and the
+    JSON export read) with typed accessors. Its raw load samples, the bulk of a row, are decoded
+    only when asked for."""
+
+    def __init__(self, row: dict, raw_samples: str | None = None) -> None:
+        super().__init__(row)
+        self._raw = raw_samples
+        TrialStatus(self["status"])  # a row with a status moelab does not know is not a trial
+
+    def __getitem__(self, k):
+        if k == "samples" and self._raw is not None:
+            self._decode()
+        return super().__getitem__(k)
+
+    def get(self, k, default=None):
+        if k == "samples" and self._raw is not None:
+            self._decode()
+        return super().get(k, default)
+
+    def _decode(self) -> None:
+        raw, self._raw = self._raw, None
+        super().__setitem__("samples", json.loads(raw) if raw else None)
+
+    def values(self):
+        self.get("samples")
+        return super().values()
+
+    def items(self):
+        self.get("samples")
+        return super().items()
+
+    @property
+    def status(self) -> TrialStatus:
+        return TrialStatus(self["status"])
+
+    @property
+    def finished(self) -> bool:
+        return self["status"] in DONE
+
+    @property
+    def verdict(self):
+        """The verdict as moelab's Verdict model (None while running)."""
+        from moelab.spec import Verdict
+
+        v = super().get("verdict")
+        return Verdict.model_validate(v) if v else None
 
 
 class StoreError(Exception):
@@ -213,21 +273,30 @@ class Store:
         r = self.db.execute(q, (key, exclude_study, int(need_metrics), stage)).fetchone()
         return self._trial(r) if r else None
 
-    def trials(self, study_id: int | None = None, all_status: bool = True) -> list[dict]:
+    def trials(self, study_id: int | None = None, all_status: bool = True) -> list[Trial]:
         q, args = "SELECT * FROM trials", ()
         if study_id is not None:
             q, args = q + " WHERE study_id=?", (study_id,)
         rows = [self._trial(r) for r in self.db.execute(q + " ORDER BY id", args)]
         return rows if all_status else [r for r in rows if r["status"] in DONE]
 
+    def trial(self, trial_id: int) -> Trial | None:
+        """One trial by id (what the runner reads after each trial, instead of the whole study)."""
+        r = self.db.execute("SELECT * FROM trials WHERE id=?", (trial_id,)).fetchone()
+        return self._trial(r) if r else None
+
     @staticmethod
-    def _trial(r: sqlite3.Row) -> dict:
+    def _trial(r: sqlite3.Row) -> Trial:
         d = dict(r)
+        raw = d.pop("samples")
         for k in JSON_COLS:
+            if k == "samples":
+                continue
             d[k] = json.loads(d[k]) if d[k] else None
             if k in _NAMED:
                 d[k] = NONE.data(d[k])
-        return d
+        d["samples"] = None
+        return Trial(d, raw)
 
     # -- export / import ---------------------------------------------------------------------
     def export(self, study_id: int | None = None) -> dict:

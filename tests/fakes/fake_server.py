@@ -11,6 +11,7 @@ Stdlib only, so it behaves like an engine process and not like moelab. Modes (--
   hang_ready  serve one completion (readiness), then every request blocks forever and logging stops
   steal       a helper child takes the port first, then this process fails to bind (Errno 98), exit 1
   grandchild  like ok, but first leave a grandchild behind in a session of its own
+  gpu_grandchild  the same grandchild holding 256 MiB of GPU memory (needs torch and a CUDA GPU)
   worker_oom  the launcher lives on (never ready) while its worker grows until the cgroup OOM-kills it
   worker_dies /health answers 200, completions never do; a worker prints an NCCL error and exits 1
   error_alive prints a CUDA OOM traceback, then stays alive logging heartbeats without a port
@@ -21,14 +22,14 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from openai_http import OpenAIHandler, serve as serve_http
 
 BLOCK = threading.Event()  # set -> hang_ready: requests never return
 
@@ -38,46 +39,19 @@ def log(msg: str, rank: str | None = None) -> None:
     print(f"[{stamp}{' ' + rank if rank else ''}] {msg}", flush=True)
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(OpenAIHandler):
     mode = "ok"
     served = 0
-    api_key: str | None = None
-
-    def _refused(self) -> bool:
-        if self.api_key and self.path != "/health" and \
-                self.headers.get("Authorization") != f"Bearer {self.api_key}":
-            self._json(401, {"error": {"message": "Unauthorized", "type": "invalid_request_error"}})
-            return True
-        return False
-
-    def log_message(self, fmt, *args):  # keep the log scripted
-        pass
-
-    def _json(self, code: int, obj: dict) -> None:
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self):
         if BLOCK.is_set():
             threading.Event().wait()
-        if self._refused():
-            return
-        if self.path == "/health":
-            self._json(200, {})
-        elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": "fake-moe", "object": "model"}]})
-        else:
-            self._json(404, {"error": "not found"})
+        super().do_GET()
 
     def do_POST(self):
         if BLOCK.is_set():
             threading.Event().wait()
-        n = int(self.headers.get("Content-Length") or 0)
-        req = json.loads(self.rfile.read(n) or b"{}")
+        req = self._body()
         if self._refused():
             return
         Handler.served += 1
@@ -88,13 +62,11 @@ class Handler(BaseHTTPRequestHandler):
             BLOCK.set()  # the scheduler "deadlocks" right after the first token
 
 
-def serve(port: int, mode: str) -> None:
+def serve(port: int, mode: str, handler: type[OpenAIHandler] = Handler) -> None:
     Handler.mode = mode
-    httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-    httpd.daemon_threads = True
-    signal.signal(signal.SIGTERM, lambda *a: (log("Received SIGTERM, shutting down"), os._exit(0)))
-    log(f"Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C to quit)")
-    httpd.serve_forever()
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    serve_http(handler, port, f"[{stamp}] Uvicorn running on http://127.0.0.1:{port} (Press CTRL+C to quit)",
+               on_term=lambda: log("Received SIGTERM, shutting down"))
 
 
 def load_phases() -> None:
@@ -125,6 +97,14 @@ def main() -> None:
         subprocess.run([sys.executable, "-c", code], check=True)
         log("spawned a detached helper")
         serve(a.port, "ok")
+    elif a.mode == "gpu_grandchild":
+        # like grandchild, but the detached helper holds GPU memory (needs torch and a CUDA GPU)
+        code = ("import os,time\nif os.fork()==0:\n    os.setsid()\n    import torch\n"
+                "    x = torch.empty(256 << 20, dtype=torch.uint8, device='cuda')\n    time.sleep(3600)\n")
+        subprocess.run([sys.executable, "-c", code], check=True)
+        time.sleep(8)  # the helper's CUDA context and allocation are in place before readiness
+        log("spawned a detached helper that holds GPU memory")
+        serve(a.port, "ok")
     elif a.mode == "worker_oom":
         grow = "h=[]\nwhile True: h.append(bytearray(32 << 20))"
         subprocess.Popen([sys.executable, "-c", grow])
@@ -144,10 +124,7 @@ def main() -> None:
             def do_GET(self):
                 self._json(200, {}) if self.path == "/health" else threading.Event().wait()
 
-        httpd = ThreadingHTTPServer(("127.0.0.1", a.port), HealthOnly)
-        httpd.daemon_threads = True
-        log(f"Uvicorn running on http://127.0.0.1:{a.port} (Press CTRL+C to quit)")
-        httpd.serve_forever()
+        serve(a.port, "hang_ready", HealthOnly)
     elif a.mode == "error_alive":
         log("Traceback (most recent call last):", "TP0")
         log('  File "/sglang/srt/model_executor/model_runner.py", line 301, in init_memory_pool', "TP0")

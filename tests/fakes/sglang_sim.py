@@ -20,9 +20,11 @@ What it does, in SGLang's own words where SGLang has them:
     a runner with no NVFP4 kernel, silently runs flashinfer_cutlass too: no warning, no error, as
     sglang#36395 reports of bench_one_batch and --moe-runner-backend.
 
-`performance(flags, concurrency)` is the same model as a pure function: the bench uses it to know
-the true optimum of the space without launching anything. Timings are scaled so that a 2-core
-machine can stream them (a step is milliseconds, not microseconds).
+`performance(flags, concurrency)` is the same model as a pure function: the steady-state output
+rate of continuous batching at that many concurrent requests (the server admits a waiting request
+at every step, so its batch stays at min(concurrency, KV capacity)). The bench uses it to know the
+true optimum of the space without launching anything. Timings are scaled so that a
+2-core machine can stream them (a step is tens of milliseconds, not microseconds).
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ def ran(moe: str) -> str:
     return RAN.get(moe, moe)
 FP4 = {"auto": 1.0, "flashinfer_cutlass": 1.0, "flashinfer_trtllm": None, "flashinfer_cudnn": 0.9, "cutlass": 0.96}
 ATTN = {"fa3": 0.9, "flashinfer": 1.0, "triton": 1.15, "trtllm_mha": None}
-# The gates' wordings are real ones (../shared/research/moe-backends-and-failures.md §1.3 and the
+# The gates' wordings are real ones (docs/research/moe-backends-and-failures.md §1.3 and the
 # signature table: SGLang's ModelOptNvFp4FusedMoEMethod, FlashInfer's SM-10.x checks, SGLang's older
 # TRTLLM MHA check); like the real ones, most name neither the flag nor its value.
 GATE = {("moe", "flashinfer_trtllm"): "ValueError: Current platform does not support NVFP4 quantization with the "
@@ -56,7 +58,10 @@ GATE = {("moe", "flashinfer_trtllm"): "ValueError: Current platform does not sup
         ("fp4", "flashinfer_trtllm"): "RuntimeError: kernel requires 10.x architecture",
         ("attn", "trtllm_mha"): "ValueError: TRTLLM MHA backend is only supported on Blackwell GPUs (SM100)."}
 WEIGHTS, GRAPH_PER_BS, KV_SEQS_PER_UNIT = 0.30, 0.06 / 512, 420  # fractions of the GPU; sequences per unit of KV
-STEP_S, BATCH_SCALE, EAGER = 0.030, 48, 1.35
+# Seconds per decode step at batch 0 (MOELAB_SIM_STEP_S): slow enough that a 2-core machine's load
+# client streams every token of 192 concurrent requests without becoming the bottleneck.
+STEP_S = float(os.environ.get("MOELAB_SIM_STEP_S", "0.075"))
+BATCH_SCALE, EAGER = 48, 1.35
 CRASH_BATCH = 48
 # defaults at which, at 192 concurrent requests, both numeric knobs bind: the decode batch outgrows
 # the CUDA graphs (eager steps), and a larger graph size needs a larger memory fraction

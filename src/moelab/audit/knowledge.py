@@ -171,13 +171,15 @@ def _norm(v: str) -> str:
 
 
 def weigh(rep, store: Path) -> list[Knowledge]:
-    """Knowledge for each backend choice of a `check` report (engines.preflight.CheckReport), and
+    """Knowledge for each backend choice of a `check` report (engines.check.CheckReport), and
     the report's support entries replaced by the decisions (launches winning)."""
     from moelab.audit.profile import load
     from moelab.audit.run import cached
     from moelab.engines import ENGINES
     from moelab.engines.flags import parse_args
-    from moelab.engines.support import KIND_FLAGS, format_of, lookup
+    from moelab.engines import ENGINES
+    from moelab.engines.support import lookup
+    from moelab.formats import of_launch
 
     adapter = ENGINES.create(rep.engine)
     name = adapter.source_profile()
@@ -194,13 +196,13 @@ def weigh(rep, store: Path) -> list[Knowledge]:
     fmt = (rep.verdict.detail or {}).get("format") or "bf16"
     arch = rep.hardware.arch
     same_kind = {}  # kind -> every flag that sets it (--attention-backend, --attention-config.backend ...)
-    for flag, kind in [*KIND_FLAGS.get(rep.engine, {}).items(), *((f, s.kind) for f, s in profile.flags.items())]:
+    for flag, kind in [*ENGINES.create(rep.engine).kind_flags.items(), *((f, s.kind) for f, s in profile.flags.items())]:
         same_kind.setdefault(kind, []).append(flag)
     out, support = [], []
     wanted = [(s.kind, s.backend, s) for s in rep.support if s.kind in same_kind]
     quant = values.get(next((f for f, s in profile.flags.items() if s.kind == "quantization"), ""))
     if isinstance(quant, str) and quant not in ("auto", "None"):
-        wanted.append(("quantization", quant, lookup(rep.engine, "quantization", quant, arch, format_of(quant))))
+        wanted.append(("quantization", quant, lookup(rep.engine, "quantization", quant, arch, of_launch(quant))))
     for kind, backend, curated in wanted:
         flag = next(f for f, s in profile.flags.items() if s.kind == kind) if any(
             s.kind == kind for s in profile.flags.values()) else same_kind[kind][0]

@@ -30,7 +30,7 @@ def parse_size(text: str) -> int:
 
 def _hardware(gpu: str | None, gpu_memory: str | None, gpus: int | None, host_memory: str | None):
     from moelab import hw
-    from moelab.engines.preflight import Hardware
+    from moelab.engines.check import Hardware
 
     host_limit = parse_size(host_memory) if host_memory else None
     if gpu or gpu_memory or gpus:
@@ -41,16 +41,13 @@ def _hardware(gpu: str | None, gpu_memory: str | None, gpus: int | None, host_me
                              f"{', '.join(hw.KNOWN_ARCHES)} (or cpu)")
         return Hardware(arch=gpu, gpu_memory=parse_size(gpu_memory), gpus=gpus or 1,
                         source="given on the command line", host_limit=host_limit)
-    found = hw.gpus()
-    h = hw.host()
-    limit = host_limit or h.cgroup_memory_limit or h.ram_available
-    if not found:
-        return Hardware(arch="cpu", source=f"this machine: no GPU ({hw.nvml_status()})", host_limit=limit)
-    return Hardware(arch=found[0].sm, gpu_memory=min(g.memory_total for g in found), gpus=len(found),
-                    source=f"this machine (NVML): {len(found)} x {found[0].name}", host_limit=limit)
+    from moelab.engines.check import this_machine
+
+    return this_machine(host_limit)
 
 
-@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+             options_metavar="[OPTIONS] -- ENGINE COMMAND LINE")
 def check(
     ctx: typer.Context,
     gpu: str = typer.Option(None, "--gpu", help="Target GPU arch, e.g. sm_120 (default: this machine's)."),
@@ -61,9 +58,14 @@ def check(
                                                     "(default: $MOELAB_STORE or ~/.cache/moelab/store.db)."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document."),
 ) -> None:
-    """Check an engine command line (after --) against flags, support matrix and memory forecast."""
+    """Check an engine command line (after --) against flags, support matrix and memory forecast.
+
+    Example: moelab check --gpu sm_120 --gpu-memory 96GB --gpus 8 -- python -m sglang.launch_server
+    --model-path Qwen3.5-397B-A17B-NVFP4 --tp 8 --moe-runner-backend flashinfer_trtllm
+    (vllm serve MODEL ... works the same way; without --gpu the GPUs are this machine's.)
+    """
     from moelab.cli.output import emit_json, fail
-    from moelab.engines.preflight import check_command, split_command
+    from moelab.engines.check import check_command, split_command
 
     argv = list(ctx.args)
     if not argv:
@@ -78,7 +80,7 @@ def check(
     from pathlib import Path
 
     from moelab.audit.knowledge import default_store, weigh
-    from moelab.engines.preflight import decide
+    from moelab.engines.check import decide
 
     rep.knowledge = weigh(rep, Path(store) if store else default_store())  # launches win over source and matrix
     rep.verdict = decide(rep)

@@ -80,7 +80,7 @@ def _print(rep) -> None:
         if c is not None and c.mean_drift is not None:
             cmp += f" (agree {c.agreement:.0%}, drift {c.mean_drift:.3f})"
         t.add_row(r.id, repr(r.answer.text[:40]), str(len(r.answer.tokens)),
-                  ", ".join(r.flags.symptoms) or "[green]ok", cmp)
+                  ", ".join(r.symptoms.names) or "[green]ok", cmp)
     console.print(t)
     v = rep.verdict
     style = "green" if v.ok else "red"

@@ -151,8 +151,8 @@ def _build(cfg: ServerConfig, mc: ModelConfig, res: Resolved, link, t0: float) -
         # scaled_dot_product_attention call (~120 ms a step at 32 sequences, against ~2 ms of GPU
         # work). The flash / memory-efficient kernels take any shape without a per-shape build.
         torch.backends.cuda.enable_cudnn_sdp(False)
-    if device.startswith("cuda"):
-        torch.cuda.set_device(torch.device(device))
+    if device.startswith("cuda") and torch.device(device).index is not None:
+        torch.cuda.set_device(torch.device(device))  # torch refuses a bare "cuda" here (2.11 does)
     dense, experts = load_weights(cfg, res, mc, device, rank)
     tok = load_tokenizer(cfg.model_dir)
     tok.model_vocab_size = mc.vocab_size

@@ -209,7 +209,9 @@ class ServerConfig:
     @property
     def weight_format(self) -> str:
         """The MoE runner's name for the requested expert format (none -> bf16, i.e. unquantized)."""
-        return {"none": "bf16"}.get(self.quantization, self.quantization)
+        from moelab.formats import of_launch
+
+        return of_launch(self.quantization)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ def decode_attention(*args: torch.Tensor) -> torch.Tensor:
 
 @dataclass
 class StepBatch:
-    """Metadata of one forward step over T packed tokens (see kvcache.build_step)."""
+    """Metadata of one forward step over T packed tokens (see batch.build_step)."""
 
     input_ids: torch.Tensor  # [T] int64
     positions: torch.Tensor  # [T] int64

@@ -86,7 +86,7 @@ class EngineAdapter(ABC):
         """The model the arguments name, when the adapter can tell."""
         return None
 
-    def preflight(self, spec: LaunchSpec):
+    def flag_check(self, spec: LaunchSpec):
         """A Verdict (phase preflight) when the engine would reject spec.args before starting
         (unknown flag or value in its flag catalogue), else None. Adapters without a catalogue
         accept everything. MOELAB_NO_FLAG_CHECK=1 turns the check off (the engine then decides)."""
@@ -100,7 +100,28 @@ class EngineAdapter(ABC):
         """The interpreter this engine is installed for here (the audit reads its source), or None."""
         return None
 
-    def rules_path(self) -> Path | None:
-        """This engine's diagnosis rule file (diagnose/rules/<name>.yaml) if it has one."""
-        p = Path(__file__).parent.parent / "diagnose" / "rules" / f"{self.name}.yaml"
-        return p if p.exists() else None
+    # -- what the rest of moelab asks an engine (no engine name is compared outside engines/) ----
+    needs_command: ClassVar[bool] = False  # a study must give `command:` (the server line itself)
+    # vLLM refuses to start when one max-length sequence does not fit the KV cache; others cap it
+    refuses_short_kv: ClassVar[bool] = False
+    # which flag selects which kind of backend (the support matrix's kinds), in the engine's names
+    kind_flags: ClassVar[dict[str, str]] = {}
+
+    def model_args(self, model: str | None) -> list[str]:
+        """The engine's own argument(s) that pass `model` (a path, a hub name or a preset)."""
+        return ["--model-path", model] if model else []
+
+    def split(self, argv: list[str]) -> list[str] | None:
+        """The engine's own arguments when `argv` is this engine's full command line
+        (`vllm serve M ...`), else None."""
+        return None
+
+    def flag_names(self) -> frozenset[str] | None:
+        """Every option string the engine accepts, or None when moelab cannot know."""
+        return None
+
+    def check_launch(self, spec: LaunchSpec, hw=None):
+        """A failed preflight Verdict that makes launching pointless, else None: the flag
+        catalogue, the support matrix and the memory forecast where the engine has them."""
+        v = self.flag_check(spec)
+        return v if v is not None and not v.ok else None

@@ -1,23 +1,21 @@
 """Adapters for engines whose flags moelab reads from the engine's own `--help` (vLLM, SGLang).
 
 They share everything that follows from having a flag catalogue: checking a command line against
-it, the preflight verdict before launch, their rule file, and the environment fingerprint. Each
+it, the preflight verdict before launch, `moelab check`'s verdict for a study's candidates. Each
 subclass says how to find the engine, how to read its catalogue, and how to strip its command
 prefix (`vllm serve`, `python -m sglang.launch_server`) from a user's command line.
 """
 from __future__ import annotations
 
 from abc import abstractmethod
-from pathlib import Path
 from typing import ClassVar
 
 from moelab.engines.base import EngineAdapter
-from moelab.engines.flags import Catalogue, FlagProblem, preflight_verdict, validate
+from moelab.engines.flags import Catalogue, FlagProblem, flag_verdict, validate
 from moelab.spec import LaunchSpec
 
 
 class CataloguedAdapter(EngineAdapter):
-    rules_file: ClassVar[Path]
     # What moelab's check reads from a command line, by role, in the engine's own flag names:
     # tp, dp, ep (parallel sizes; ep may be a switch), fraction, kv (cache dtype), ctx (context
     # length), quant, dtype, model.
@@ -38,13 +36,18 @@ class CataloguedAdapter(EngineAdapter):
         cat = self.flag_catalogue()
         return cat, validate(self.engine_args(args), cat)
 
-    def preflight(self, spec: LaunchSpec):
-        return preflight_verdict(self.name, self.flag_catalogue(), self.engine_args(spec.args), spec.env)
+    def flag_check(self, spec: LaunchSpec):
+        return flag_verdict(self.name, self.flag_catalogue(), self.engine_args(spec.args), spec.env)
 
-    def rules_path(self) -> Path:
-        return self.rules_file
+    def flag_names(self) -> frozenset[str] | None:
+        return frozenset(self.flag_catalogue().index())
 
-    def fingerprint(self) -> dict:
-        from moelab.hw import fingerprint
+    def check_launch(self, spec: LaunchSpec, hw=None):
+        """`moelab check`'s own verdict on the launch (flags, support matrix, memory forecast)."""
+        from moelab.engines.check import check_command, decide, this_machine
 
-        return fingerprint(self.name, self.version())
+        rep = check_command(self.name, self.engine_args(spec.args), hw or this_machine(), spec.env)
+        if rep.flag_problems and self.flag_check(spec) is None:  # MOELAB_NO_FLAG_CHECK=1: the engine decides
+            rep.flag_problems = []
+            rep.verdict = decide(rep)
+        return None if rep.verdict.ok else rep.verdict

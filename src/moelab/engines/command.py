@@ -14,6 +14,10 @@ from moelab.spec import LaunchSpec
 
 class CommandAdapter(EngineAdapter):
     name: ClassVar[str] = "command"
+    needs_command: ClassVar[bool] = True
+
+    def model_args(self, model: str | None) -> list[str]:
+        return []  # the study's `command:` is the whole server line; moelab adds nothing
 
     def command(self, spec: LaunchSpec, port: int) -> tuple[list[str], dict[str, str]]:
         if not spec.args:

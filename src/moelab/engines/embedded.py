@@ -32,6 +32,24 @@ class EmbeddedAdapter(EngineAdapter):
         argv = super().display_command(args, argv)
         return ["moelab", *argv[3:]] if argv[1:4] == ["-m", "moelab.cli", "serve"] else argv
 
+    def model_args(self, model: str | None) -> list[str]:
+        """`--preset NAME` for a preset name, `--model-path DIR` for a directory."""
+        if not model:
+            return []
+        from pathlib import Path
+
+        return ["--preset" if "/" not in model and not Path(model).exists() else "--model-path", model]
+
+    def flag_names(self) -> frozenset[str] | None:
+        """`moelab serve`'s own options, read from its command definition (no process started)."""
+        import typer.main
+
+        from moelab.cli import app
+
+        serve = typer.main.get_command(app).commands["serve"]
+        return frozenset(o for p in serve.params for o in [*p.opts, *getattr(p, "secondary_opts", [])]
+                         if o.startswith("--")) or None
+
     def model_path(self, args: list[str]) -> str | None:
         spec = LaunchSpec(args=args)
         return spec.flag("--model-path") or spec.flag("--preset")

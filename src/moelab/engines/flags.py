@@ -206,7 +206,7 @@ def load_or_build(engine: str, version: str | None, help_argv: list[str] | None,
     return cat
 
 
-def preflight_verdict(engine: str, cat: Catalogue, args: list[str], env: dict[str, str] | None = None):
+def flag_verdict(engine: str, cat: Catalogue, args: list[str], env: dict[str, str] | None = None):
     """bad_args Verdict (phase preflight) if the catalogue rejects `args`; None if fine or turned off."""
     from moelab.spec import Cause, Evidence, Phase, Verdict
 

@@ -1,8 +1,9 @@
 """SGLang adapter: `python -m sglang.launch_server --model-path M --host H --port P ...`.
 
 Flag names are SGLang's own. The python that runs SGLang is $MOELAB_SGLANG_PYTHON, else this
-interpreter when it can import sglang. SGLang derives internal ports (scheduler, detokenizer,
-NCCL) from --port, so launches on one machine need ports with gaps; the supervisor picks them.
+interpreter when it can import sglang. SGLang opens ports of its own (scheduler, detokenizer,
+NCCL) besides --port; moelab picks, watches and probes --port only, and a launch that finds one of
+the others taken is diagnosed from its log (port_in_use).
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ from moelab.engines.catalogued import CataloguedAdapter
 from moelab.engines.flags import Catalogue, load_or_build
 from moelab.spec import LaunchSpec
 
-RULES = Path(__file__).parent.parent / "diagnose" / "rules" / "sglang.yaml"
 _ENTRY = ["-m", "sglang.launch_server"]
 
 
@@ -58,13 +58,15 @@ def _strip_prefix(args: list[str]) -> list[str]:
 
 
 class SglangAdapter(CataloguedAdapter):
-    rules_file: ClassVar[Path] = RULES
     name: ClassVar[str] = "sglang"
+    kind_flags: ClassVar[dict[str, str]] = {
+        "--moe-runner-backend": "moe_runner", "--fp4-gemm-backend": "fp4_gemm", "--fp8-gemm-backend": "fp8_gemm",
+        "--attention-backend": "attention", "--prefill-attention-backend": "attention",
+        "--decode-attention-backend": "attention"}
     memory_fraction_flag: ClassVar[str] = "--mem-fraction-static"
     # SGLang sizes the default by GPU memory and TP (about 0.8-0.9 on 80-192 GB GPUs); moelab assumes
     # this value when the flag is absent and says so in the forecast.
     memory_fraction_default: ClassVar[float] = 0.88
-    tp_flags: ClassVar[tuple[str, ...]] = ("--tp-size", "--tensor-parallel-size")
     flag_roles: ClassVar[dict[str, str]] = dict(
         tp="--tp-size", dp="--dp-size", ep="--ep-size", fraction="--mem-fraction-static", kv="--kv-cache-dtype",
         ctx="--context-length", quant="--quantization", dtype="--dtype", model="--model-path")
@@ -114,3 +116,11 @@ class SglangAdapter(CataloguedAdapter):
 
     def engine_args(self, args: list[str]) -> list[str]:
         return _strip_prefix(args)
+
+    def split(self, argv: list[str]) -> list[str] | None:
+        exe = Path(argv[0]).name if argv else ""
+        if exe.startswith("python") and argv[1:3] == _ENTRY:
+            return argv[3:]
+        if exe == "sglang":
+            return argv[2:] if argv[1:2] == ["serve"] else argv[1:]
+        return None

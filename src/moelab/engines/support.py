@@ -13,21 +13,6 @@ from pydantic import BaseModel, Field
 
 MATRIX = Path(__file__).with_name("support_matrix.yaml")
 
-# Which flag selects which kind of backend, per engine (the engine's own flag names).
-KIND_FLAGS = {
-    "sglang": {"--moe-runner-backend": "moe_runner", "--fp4-gemm-backend": "fp4_gemm",
-               "--fp8-gemm-backend": "fp8_gemm", "--attention-backend": "attention",
-               "--prefill-attention-backend": "attention", "--decode-attention-backend": "attention"},
-    "vllm": {"--moe-backend": "moe_runner", "--attention-backend": "attention",
-             "--attention-config.backend": "attention"},
-}
-# --quantization value -> weight format the matrix is keyed by (notes §1.2, §5).
-QUANT_FORMAT = {
-    "modelopt_fp4": "nvfp4", "nvfp4_online": "nvfp4", "petit_nvfp4": "nvfp4", "nvfp4": "nvfp4",
-    "fp8": "fp8", "modelopt_fp8": "fp8", "w8a8_fp8": "fp8", "mxfp8": "mxfp8", "mxfp4": "mxfp4",
-    "awq": "int4", "gptq": "int4", "awq_marlin": "int4", "gptq_marlin": "int4", "moe_wna16": "int4",
-    "unquant": "bf16",
-}
 # A backend kind only matters for some formats: an FP4 GEMM backend is unused by a bf16 model.
 KIND_FORMATS = {"fp4_gemm": {"nvfp4"}, "fp8_gemm": {"fp8"}}
 
@@ -82,17 +67,11 @@ def lookup(engine: str, kind: str, backend: str, arch: str, fmt: str) -> Support
     return Support(status="unknown", note="no row in the support matrix", **base)
 
 
-def format_of(quantization: str | None, checkpoint_format: str | None = None) -> str:
-    """Weight format from --quantization, else from the checkpoint's own quant config, else bf16."""
-    if quantization and quantization not in ("auto", "None", "modelopt"):
-        return QUANT_FORMAT.get(quantization, quantization)
-    return checkpoint_format or "bf16"
-
-
-def check_flags(engine: str, values: dict, arch: str, fmt: str) -> list[Support]:
-    """Every backend flag on the command line, looked up for this arch and format."""
+def check_flags(engine: str, kind_flags: dict[str, str], values: dict, arch: str, fmt: str) -> list[Support]:
+    """Every backend flag on the command line (`kind_flags`: the adapter's flag -> backend kind),
+    looked up for this arch and format."""
     out = []
-    for flag, kind in KIND_FLAGS.get(engine, {}).items():
+    for flag, kind in kind_flags.items():
         v = values.get(flag)
         if not isinstance(v, str) or v in ("auto", "None"):
             continue

@@ -22,7 +22,6 @@ from moelab.engines.flags import Catalogue, load_or_build
 from moelab.spec import LaunchSpec
 
 DEFAULT_VENV = "/tmp/moelab-vllm-venv"
-RULES = Path(__file__).parent.parent / "diagnose" / "rules" / "vllm.yaml"
 
 
 @dataclass(frozen=True)
@@ -69,11 +68,12 @@ def _strip_prefix(args: list[str]) -> list[str]:
 
 
 class VllmAdapter(CataloguedAdapter):
-    rules_file: ClassVar[Path] = RULES
     name: ClassVar[str] = "vllm"
+    refuses_short_kv: ClassVar[bool] = True
+    kind_flags: ClassVar[dict[str, str]] = {"--moe-backend": "moe_runner", "--attention-backend": "attention",
+                                            "--attention-config.backend": "attention"}
     memory_fraction_flag: ClassVar[str] = "--gpu-memory-utilization"
     memory_fraction_default: ClassVar[float] = 0.9  # vLLM's default (--help)
-    tp_flags: ClassVar[tuple[str, ...]] = ("--tensor-parallel-size", "-tp")
     flag_roles: ClassVar[dict[str, str]] = dict(
         tp="--tensor-parallel-size", dp="--data-parallel-size", ep="--enable-expert-parallel",
         fraction="--gpu-memory-utilization", kv="--kv-cache-dtype", ctx="--max-model-len", quant="--quantization",
@@ -128,3 +128,14 @@ class VllmAdapter(CataloguedAdapter):
 
     def engine_args(self, args: list[str]) -> list[str]:
         return _strip_prefix(args)
+
+    def model_args(self, model: str | None) -> list[str]:
+        return ["--model", model] if model else []
+
+    def split(self, argv: list[str]) -> list[str] | None:
+        exe = Path(argv[0]).name if argv else ""
+        if exe == "vllm":
+            return argv[2:] if argv[1:2] == ["serve"] else argv[1:]
+        if exe.startswith("python") and argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
+            return argv[3:]
+        return None

@@ -7,6 +7,6 @@ from __future__ import annotations
 
 from moelab.launch.run import launch
 from moelab.launch.supervisor import Supervisor
-from moelab.launch.trial import LaunchResult
+from moelab.launch.folder import LaunchResult
 
 __all__ = ["LaunchResult", "Supervisor", "launch"]

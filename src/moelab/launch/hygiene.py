@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-from moelab.launch.preflight import port_free
+from moelab.launch.machine import port_free
 from moelab.launch.telemetry import gpu_used_total
 
 
@@ -31,12 +31,6 @@ def gpu_back(baseline: list[int] | None, tolerance: int = 256 << 20, timeout: fl
         if not over or time.monotonic() > deadline:
             return not over, "; ".join(f"GPU {i}: +{d / 2**20:.0f} MiB over its baseline" for i, d in over)
         time.sleep(0.2)
-
-
-def weight_format(quantization: str | None) -> str | None:
-    """The probe's tolerance class from --quantization: nvfp4 (modelopt_fp4, nvfp4 ...), fp8, or None."""
-    q = (quantization or "").lower()
-    return "nvfp4" if "fp4" in q else "fp8" if "fp8" in q else None
 
 
 def run_probe_gate(url: str, model: str | None, reference, notes: list[str], weight_format: str | None = None,

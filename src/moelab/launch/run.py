@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from moelab.launch.supervisor import Supervisor
-from moelab.launch.trial import LaunchResult
+from moelab.launch.folder import LaunchResult
 from moelab.spec import LaunchSpec
 
 

@@ -27,7 +27,8 @@ import uuid
 from pathlib import Path
 
 from moelab.diagnose import classify
-from moelab.launch import hygiene, kernellog, preflight, readiness, trial, verdicts
+from moelab.formats import probe_class
+from moelab.launch import folder, hygiene, kernellog, machine, readiness, verdicts
 from moelab.launch.cgroup import MemoryCgroup
 from moelab.launch.guardian import Guardian
 from moelab.launch.leftovers import OWNER, owner_tag
@@ -47,14 +48,16 @@ def _running(p) -> bool:
 class Supervisor:
     def __init__(self, spec: LaunchSpec, out_dir: Path, adapter=None, reference: Path | None = None,
                  probe: bool = True, force: bool = False, grace_s: float = 10.0, stall_after_s: float = 60.0,
-                 hang_timeout_s: float = 10.0, on_progress=None, use_cgroup: bool = True) -> None:
+                 hang_timeout_s: float = 10.0, on_progress=None, use_cgroup: bool = True,
+                 flags_checked: bool = False) -> None:
         from moelab.engines import ENGINES
 
         self.spec, self.reference, self.probe, self.force = spec, reference, probe, force
         self.adapter = adapter or ENGINES.create(spec.engine)
-        self.dir = trial.new_trial_dir(Path(out_dir) if out_dir else None)
+        self.dir = folder.new_trial_dir(Path(out_dir) if out_dir else None)
         self.grace_s, self.stall_after_s, self.hang_timeout_s = grace_s, stall_after_s, hang_timeout_s
         self.on_progress, self.use_cgroup = on_progress, use_cgroup
+        self.flags_checked = flags_checked  # the caller (a study's pruning) already ran the adapter's check
         self.port = spec.port
         if spec.api_key is None and self.adapter.api_key_in(spec.args):  # the key the server will want
             self.spec = spec = spec.model_copy(update={"api_key": self.adapter.api_key_in(spec.args)})
@@ -62,7 +65,7 @@ class Supervisor:
         self.model: str | None = None
         self.phase = Phase.preflight
         self.verdict: Verdict | None = None  # the first failure seen; None while all is well
-        self.result: trial.LaunchResult | None = None
+        self.result: folder.LaunchResult | None = None
         self.notes: list[str] = []
         self.timings: dict[str, float | None] = {}
         self.proc = self.log = self.tree = self.sampler = self.cgroup = self.guardian = None
@@ -99,15 +102,15 @@ class Supervisor:
         self.t0 = time.monotonic()
         # the port the user gave in the engine's own arguments is the one to watch and probe
         host = self.spec.host
-        port = self.adapter.port_in(self.spec.args) or self.port or preflight.pick_port(host)
+        port = self.adapter.port_in(self.spec.args) or self.port or machine.pick_port(host)
         self.port = port
-        self.notes.append(preflight.host_ram_note())
-        bad = preflight.check_port(host, port)
-        gpu_bad, gpu_notes = preflight.check_gpus(self.spec.gpus, self.force)
+        self.notes.append(machine.host_ram_note())
+        bad = machine.check_port(host, port)
+        gpu_bad, gpu_notes = machine.check_gpus(self.spec.gpus, self.force)
         self.notes += gpu_notes
         # The adapter's own check (flag catalogue of the installed engine): a bad flag is a verdict
         # before any process starts. MOELAB_NO_FLAG_CHECK=1 leaves the decision to the engine.
-        flags_bad = self.adapter.preflight(self.spec)
+        flags_bad = None if self.flags_checked else self.adapter.flag_check(self.spec)
         if bad or gpu_bad or flags_bad:
             self.verdict = bad or gpu_bad or flags_bad
             return
@@ -115,7 +118,7 @@ class Supervisor:
         self.phase = Phase.launch
         argv, adapter_env = self.adapter.command(self.spec, port)
         self.argv, self.marker = argv, uuid.uuid4().hex
-        env, self.secrets = trial.prepare(self.dir, self.spec, argv, adapter_env, self.spec.api_key)
+        env, self.secrets = folder.prepare(self.dir, self.spec, argv, adapter_env, self.spec.api_key)
         env[MARKER] = self.marker  # inherited by every descendant: found again even after setsid
         env[OWNER] = owner_tag()  # a process whose owner is gone is a leftover (moelab doctor finds it)
         self.cgroup = MemoryCgroup(self.spec.memory_limit_bytes, try_cgroup=self.use_cgroup)
@@ -185,7 +188,7 @@ class Supervisor:
                 port_seen, self.timings["port_open_s"] = True, time.monotonic() - self.t0
             if not checked_owner:
                 checked_owner = True
-                holders = preflight.port_holders(self.port)
+                holders = machine.port_holders(self.port)
                 mine = {p.pid for p in self.tree.refresh()}
                 if holders and not any(pid in mine for pid, _ in holders):
                     return self._fail(verdicts.foreign_listener(self.port, holders))
@@ -217,7 +220,7 @@ class Supervisor:
         t = time.monotonic()
         try:
             v = hygiene.run_probe_gate(self.url, self.model, self.reference, self.notes,
-                                       hygiene.weight_format(self.spec.flag("--quantization")), self.spec.api_key)
+                                       probe_class(self.spec.flag("--quantization")), self.spec.api_key)
         except Exception as e:  # the probe could not even talk to the server: did it die or hang?
             self.notes.append(f"probe raised {type(e).__name__}: {e}")
             return self.alive_verdict() or self._fail(Verdict(cause=Cause.unknown, phase=Phase.probe,
@@ -366,7 +369,7 @@ class Supervisor:
         return self._fail(v)
 
     # -- teardown ---------------------------------------------------------------------------
-    def close(self) -> trial.LaunchResult:
+    def close(self) -> folder.LaunchResult:
         if self.result is not None:
             return self.result
         v = self.verdict
@@ -396,12 +399,12 @@ class Supervisor:
 
         if v.advice:  # never advise the value this launch already used
             v = v.model_copy(update={"advice": tailor(v.advice, self.spec.args)})
-        self.result = trial.finish(self.dir, v, self.notes, url=self.url, model=self.model, timings=self.timings,
+        self.result = folder.finish(self.dir, v, self.notes, url=self.url, model=self.model, timings=self.timings,
                                    effective=self.effective() if self.log is not None else None,
                                    telemetry={**(self.sampler.summary() if self.sampler else {}),
                                               "cgroup": self.cgroup.note if self.cgroup else None},
                                    launched=self.proc is not None, argv=getattr(self, "argv", []),
-                                   secrets=getattr(self, "secrets", trial.Secrets()))
+                                   secrets=getattr(self, "secrets", folder.Secrets()))
         return self.result
 
     def effective(self):

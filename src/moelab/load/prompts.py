@@ -64,14 +64,14 @@ def synthetic(n: int, input_len: int, seed: int, *, tokenizer: Path | None = Non
         return out, f"tokenizer {tokenizer.name}"
     texts = [_words(rng, input_len) for _ in range(n)]
     if base_url and model:
-        probe = _words(random.Random(seed + 1), 32)
         for count, name in ((_count_remote, "server /tokenize"), (_count_usage, "server usage.prompt_tokens")):
-            counted = count(base_url, model, probe)
-            if counted:
-                # scale the word count once by the measured tokens-per-word of this model
-                words = max(1, round(input_len * 32 / counted))
-                rng = random.Random(seed)
-                return [_words(rng, words) for _ in range(n)], f"{name} (scaled, ~{counted / 32:.2f} tokens/word)"
+            for size in (32, 6):  # a short sample too: 32 words may not fit a small context
+                counted = count(base_url, model, _words(random.Random(seed + 1), size))
+                if counted:
+                    # scale the word count once by the measured tokens-per-word of this model
+                    words = max(1, round(input_len * size / counted))
+                    rng = random.Random(seed)
+                    return [_words(rng, words) for _ in range(n)], f"{name} (scaled, ~{counted / size:.2f} tokens/word)"
     return texts, "approximate (1 word ~ 1 token; give --tokenizer for exact lengths)"
 
 

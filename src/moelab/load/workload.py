@@ -8,11 +8,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pydantic import BaseModel, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 
 class SLO(BaseModel):
-    """Per-request service-level objective; a request meets it when every set bound holds."""
+    """The service-level objective, one model for the whole of moelab: a request meets it when each
+    bound holds for it (goodput counts those); a load point (a study's, a capacity search's) meets
+    it when the p90 of each bounded metric does."""
+
+    model_config = ConfigDict(extra="forbid")  # a misspelt bound in a study file is an error
 
     ttft_ms: float | None = None
     itl_ms: float | None = None  # on the request's mean inter-token latency

@@ -21,17 +21,14 @@ _PROJ = ("gate_proj", "up_proj", "down_proj")
 
 def format_from_config(quant: Mapping[str, Any] | None) -> str:
     """bf16 | fp8 | nvfp4 from a quantization_config (flat) or hf_quant_config.json (nested) dict."""
-    if not quant:
-        return "bf16"
-    algo = (quant.get("quantization") or quant).get("quant_algo")
-    if algo is None:
-        return "bf16"
-    algo = str(algo).upper()
-    if "FP4" in algo:
-        return "nvfp4"
-    if "FP8" in algo:
-        return "fp8"
-    raise ValueError(f"quant_algo {algo!r} is not supported by moelab's MoE kernels (supported: FP8, NVFP4)")
+    from moelab.formats import of_checkpoint
+
+    fmt = of_checkpoint(quant)
+    if fmt not in ("bf16", "fp8", "nvfp4"):
+        body = (quant or {}).get("quantization") or quant or {}
+        raise ValueError(f"quantization {body.get('quant_algo') or body.get('quant_method')!r} ({fmt}) is not supported "
+                         "by moelab's MoE kernels (supported: FP8, NVFP4)")
+    return fmt
 
 
 def quantization_config(fmt: str, block: tuple[int, int] | None = None, *, nested: bool = False,

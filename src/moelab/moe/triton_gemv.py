@@ -167,13 +167,10 @@ def moe_gemv_down_kernel(a_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr, ids_ptr,
     One flat loop over (slot, K-block) keeps the weight stream pipelined across the slots; the
     router weight (and nvfp4's global scale) multiplies the activation slice and a per-channel
     scale the tile, so all slots share one accumulator. The token's expert ids and router weights
-    are loaded once, before the loop, so no weight address in it waits on a load. On an H200 that
-    measured neutral (within 1 us at 1 and 16 tokens); what sped this kernel up was the re-tune to
-    small one-warp programs. At one token it still streams at about 1.4 TB/s: H/BLOCK_N programs,
-    each walking all TOPK slots one after another. WIDE loads every slot's tile at once instead
-    (_wide_down): on an H200 at one token the fp8 down kernel went from 9.0 to 6.1 us (block-scaled
-    fp8: 14.1 to 6.4), bf16 8.8 to 8.5, and nvfp4's gemv path (17.5 us, down 7.4) overtook the fused
-    one (19.5).
+    are loaded once, before the loop, so no weight address in it waits on a load. Without WIDE each
+    of the H/BLOCK_N programs walks all TOPK slots one after another, so only one slot's tile is in
+    flight at a time; WIDE loads every slot's tile at once (_wide_down), which is what a one-token
+    decode needs to stream at the memory's rate (timings: docs/LOG.md).
     """
     pid = tl.program_id(0)
     t = pid % num_tokens
@@ -287,12 +284,10 @@ def moe_fused_kernel(x_ptr, w13_ptr, s13_ptr, g13_ptr, w2_ptr, s2_ptr, g2_ptr, o
     zero for the next call: the workspace must start zeroed and serve one stream at a time.
     The order of the atomic adds varies, so results are not bit-reproducible (fp32 sums of TOPK *
     cdiv(I, BLOCK_I) terms before one rounding to the output dtype).
-    On an H200 (Qwen3-30B-A3B, one token) it saves the second launch but not time: fp8 18.9 us
-    against 18.4 for the gemv path. The gate/up half alone took 9.9 us; the down half alone 12.9,
-    because each program reads a BLOCK_I-wide strip of every down row (32 bytes at BLOCK_I=32 in
-    fp8), which streams at about 1 TB/s; the atomics cost 1.4. It wins for nvfp4 at 2-4 tokens
-    (4: 45.3 against 51.1 us), where decoding, not streaming, bounds both paths; at one token the
-    gemv path with WIDE down tiles beats it (17.5 against 19.5 us).
+    It saves the second launch but, at one token, not time: each program reads a BLOCK_I-wide strip
+    of every down row (32 bytes at BLOCK_I=32 in fp8), which streams far below the memory's rate.
+    It wins where decoding, not streaming, bounds both paths (nvfp4 at 2-4 tokens); the tuner
+    decides per token count (timings: docs/LOG.md).
     """
     pid = tl.program_id(0)
     pair = pid % num_pairs

@@ -16,21 +16,18 @@ slower: strided A loads and a scale tile reshaped along the dot's K axis.)
 Rows of the problem are the sorted (token, slot) pairs of `triton_align`; one program computes a
 [BLOCK_M, BLOCK_N] tile for the single expert that owns its M-block.
 
-Three switches per kernel, set by the launch config (measured on an H200, Qwen3-30B-A3B shapes):
+Three switches per kernel, set by the launch config (`moelab kernels --tune` picks them per token
+count; what each gained on an H200 is in docs/LOG.md):
     A8       fp8 weights only: the activation tile goes to fp8 too, as a hi + lo pair of e4m3
              tiles (_split_e4m3), so the dots run on fp8 tensor cores with no weight conversion
              and about bf16's accuracy (relative error 3.4e-3 against 3.2e-3 for bf16
-             activations; one e4m3 tile alone gave 4.4e-2). With SWAP_AB at M-blocks of 16:
-             182 us against 207 at 64 tokens, 234 against 304 at 256. Slower from 1,024 tokens
-             on, where the per-step rescale of the partial product stalls the MMA pipeline.
+             activations; one e4m3 tile alone gives 4.4e-2). It pays at small M-blocks and loses
+             at large token counts, where the per-step rescale of the partial product stalls the
+             MMA pipeline.
     SWAP_AB  the dot computes the transposed tile: weight rows on its M axis, token rows on N, so
-             an M-block of 16 rows still gets Hopper's wgmma (M >= 64 per warp group). Alone it
-             gained nothing (bf16 and fp8 within 5 %, NVFP4 up to 2.8x slower); A8 needs it.
+             an M-block of 16 rows still gets Hopper's wgmma (M >= 64 per warp group); A8 needs it.
     SPLIT_M  an expert's last M-block whose rows fit in its first half computes a half-height
-             tile. Under uniform routing about a quarter of the rows at BLOCK_M=128 are padding:
-             0-4 % at 1,024-4,096 tokens (bf16 837 -> 806 us at 4,096), 13 % for NVFP4 at 1,024
-             together with BLOCK_M=128 (1,026 -> 891 us) before the word decode, after which
-             NVFP4 runs fastest at BLOCK_M 16-64 without it (1,024: 725 us against 769).
+             tile: under uniform routing about a quarter of the rows at BLOCK_M=128 are padding.
 """
 from __future__ import annotations
 
@@ -385,9 +382,8 @@ def moe_down_kernel(a_ptr, w_ptr, s_ptr, g_ptr, out_ptr, tw_ptr, sorted_ptr, exp
 def moe_sum_kernel(y_ptr, out_ptr, num_tokens, H, TOPK: tl.constexpr, BLOCK_H: tl.constexpr):
     """out[t] = sum_k y[t*TOPK + k]: the top-k combine, in fp32 and in slot order (deterministic).
 
-    Every slot's row is one contiguous, vectorised load, all issued before the first add. On an
-    H200 at 4,096 tokens (151 MB moved) it took 36.7 us (96 % of copy bandwidth), against 54.7 us
-    for torch's strided sum over [T, K, H].
+    Every slot's row is one contiguous, vectorised load, all issued before the first add, so it
+    streams at about the copy bandwidth, where torch's strided sum over [T, K, H] does not.
     """
     t = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)

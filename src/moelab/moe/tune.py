@@ -34,7 +34,7 @@ def gemv_tiles(stage: str, top_k: int = 8) -> list[dict]:
     kernel's tile stacks gate and up rows, so it holds 2*BLOCK_N rows. (The H200 winners were 4-16
     rows a program on one or two warps: many small programs keep more loads in flight.) The down
     kernel also tries WIDE tiles, every top-k slot at once, which hold next_pow2(top_k) * BLOCK_N
-    rows (H200, fp8 at one token: down kernel 9.0 -> 6.1 us)."""
+    rows."""
     rows = 2 if stage == "up" else 1
     out = []
     for bn, bk, nw, ns in itertools.product((4, 8, 16, 32), (128, 256, 512), (1, 2, 4, 8), (2, 3, 4)):
@@ -66,7 +66,7 @@ def tiled_tiles(bm: int, stage: str, fmt: str = "bf16", a8: bool = True) -> list
     """8 warps and 5 stages only for big M-blocks; 256-wide K steps only below 128 rows (shared
     memory); a 256-wide N-tile only for the down kernel (the up tile is already 2*BLOCK_N wide).
     fp8 at M-blocks of 16-32 rows also tries fp8 activations with the weight rows on the dot's M
-    axis (A8 + SWAP_AB: on an H200 at 64 tokens, 182 against 207 us); M-blocks of 64 rows and
+    axis (A8 + SWAP_AB); M-blocks of 64 rows and
     more also try the half-height tile for a mostly empty last block (SPLIT_M). a8=False (a GPU
     before sm_89, whose tl.dot takes no fp8) leaves A8 out."""
     out = []
@@ -85,8 +85,7 @@ def tiled_tiles(bm: int, stage: str, fmt: str = "bf16", a8: bool = True) -> list
 def block_m_candidates(T: int, E: int, K: int, fmt: str = "bf16") -> list[int]:
     """M-blocks from half to twice the expected rows per expert (16 at least, 128 at most). NVFP4
     tries every size up to 128 from 8 rows per expert on: it dequantizes an expert's weights once
-    per M-block, so fewer, taller blocks can win (H200, 512 tokens, byte-wise decode: 1,449 us at
-    BLOCK_M=32, 750 at 128 with SPLIT_M; with the word decode BLOCK_M 64 won there, 521 us)."""
+    per M-block, so fewer, taller blocks can win."""
     rows = T * K / E
     top = 128 if fmt == "nvfp4" and rows >= 8 else max(16, 2 * rows)
     return [bm for bm in (16, 32, 64, 128) if min(64, rows / 2) <= bm <= top]

@@ -24,7 +24,7 @@ class Answer(BaseModel):
     raw_nonfinite: bool = False  # the JSON itself carried NaN/Infinity/"nan" somewhere in logprobs
 
 
-class Flags(BaseModel):
+class Symptoms(BaseModel):
     """What the absolute checks saw in one answer."""
 
     nonfinite: bool = False
@@ -34,7 +34,7 @@ class Flags(BaseModel):
     loop_period: int | None = None  # smallest n-gram period that covers most of the answer
 
     @property
-    def symptoms(self) -> list[str]:
+    def names(self) -> list[str]:
         out = []
         if self.nonfinite:
             out.append("non-finite logprob")
@@ -96,19 +96,19 @@ def loop_period(tokens: list[str], max_period: int = 8, cover: float = 0.8, min_
     return None
 
 
-def flags(a: Answer) -> Flags:
+def symptoms(a: Answer) -> Symptoms:
     text = a.text
     empty = not text.strip() and not any(t.strip() for t in a.tokens)
     rep = None if empty else repeated_token(a)
     frac = text.count("\ufffd") / len(text) if text else 0.0
     period = None if rep else loop_period(a.tokens)
-    return Flags(nonfinite=nonfinite(a), empty=empty, repeated_token=rep, replacement_fraction=frac,
+    return Symptoms(nonfinite=nonfinite(a), empty=empty, repeated_token=rep, replacement_fraction=frac,
                  loop_period=period)
 
 
-def most_common_collapse(all_flags: list[Flags]) -> tuple[str | None, int]:
+def most_common_collapse(found: list[Symptoms]) -> tuple[str | None, int]:
     """The repeated token shared by the most collapsed answers, and how many answers share it."""
-    c = Counter(f.repeated_token for f in all_flags if f.repeated_token is not None)
+    c = Counter(f.repeated_token for f in found if f.repeated_token is not None)
     if not c:
         return None, 0
     tok, n = c.most_common(1)[0]

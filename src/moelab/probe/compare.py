@@ -35,13 +35,16 @@ TOLERANCES: dict[str, Tolerance] = {
 
 def tolerance_for(weight_format: str | None) -> Tolerance:
     """Tolerance by weight format; unknown or None means bf16 (the strictest)."""
-    fmt = (weight_format or "bf16").lower().replace("-", "")
-    aliases = {"none": "bf16", "bfloat16": "bf16", "fp16": "bf16", "float16": "bf16", "float32": "bf16",
-               "fp4": "nvfp4", "mxfp4": "nvfp4", "fp8e4m3": "fp8"}
-    fmt = aliases.get(fmt, fmt)
-    if fmt not in TOLERANCES:
-        raise ValueError(f"unknown weight format {weight_format!r}; use one of {sorted(TOLERANCES)}")
-    return TOLERANCES[fmt]
+    from moelab.formats import FORMATS, QUANTIZATION, tolerance_class
+
+    fmt = (weight_format or "bf16").lower()
+    aliases = {"bfloat16": "bf16", "fp16": "bf16", "float16": "bf16", "float32": "bf16", "fp4": "nvfp4",
+               "fp8-e4m3": "fp8", "fp8e4m3": "fp8"}
+    fmt = aliases.get(fmt) or QUANTIZATION.get(fmt) or fmt  # a format, or an engine's quantization name
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown weight format {weight_format!r}; use one of {', '.join(FORMATS)} "
+                         "(or an engine's --quantization name)")
+    return TOLERANCES[tolerance_class(fmt)]
 
 
 class Comparison(BaseModel):

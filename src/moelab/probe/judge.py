@@ -17,7 +17,7 @@ import math
 
 from pydantic import BaseModel, Field
 
-from moelab.probe.checks import Answer, Flags, flags, most_common_collapse
+from moelab.probe.checks import Answer, Symptoms, most_common_collapse, symptoms
 from moelab.probe.compare import Comparison, Tolerance, compare, tolerance_for
 from moelab.spec import Cause, Evidence, Phase, Verdict
 
@@ -28,7 +28,7 @@ class PromptResult(BaseModel):
     id: str
     kind: str = ""
     answer: Answer
-    flags: Flags
+    symptoms: Symptoms
     comparison: Comparison | None = None
     error: str | None = None  # the request itself failed (HTTP error, bad JSON)
 
@@ -66,7 +66,7 @@ def judge(results: list[PromptResult], *, weight_format: str | None = None,
         return Verdict(cause=Cause.garbage_output, phase=Phase.probe, evidence=ev or [
             Evidence(kind="probe", text="no prompt was answered")], advice=_ADVICE[Cause.garbage_output])
 
-    nan = [r for r in answered if r.flags.nonfinite]
+    nan = [r for r in answered if r.symptoms.nonfinite]
     if nan:
         ev += [Evidence(kind="probe", text=f"{r.id}: non-finite logprob in answer {r.answer.text[:40]!r}") for r in nan]
         return Verdict(cause=Cause.numerical_nan, phase=Phase.probe, evidence=ev, advice=_ADVICE[Cause.numerical_nan],
@@ -74,7 +74,7 @@ def judge(results: list[PromptResult], *, weight_format: str | None = None,
 
     n = len(answered)
     half = max(2, math.ceil(n / 2)) if n > 1 else 1
-    fl = [r.flags for r in answered]
+    fl = [r.symptoms for r in answered]
     tok, shared = most_common_collapse(fl)
     texts = {r.answer.text for r in answered}
     empty = sum(f.empty for f in fl)
@@ -102,8 +102,8 @@ def judge(results: list[PromptResult], *, weight_format: str | None = None,
             garbage.append(f"{len(failed)} of {compared} prompts differ from the reference beyond the "
                            f"{weight_format or 'bf16'} tolerance")
     ev += [Evidence(kind="probe", text=f"{r.id}: {r.comparison.reason}") for r in failed if r.comparison]
-    ev += [Evidence(kind="probe", text=f"{r.id}: warning: {', '.join(r.flags.symptoms)}")
-           for r in answered if r.flags.symptoms]
+    ev += [Evidence(kind="probe", text=f"{r.id}: warning: {', '.join(r.symptoms.names)}")
+           for r in answered if r.symptoms.names]
     detail = {"prompts": n, "compared": sum(1 for r in answered if r.comparison is not None),
               "failed_comparisons": len(failed), "tolerance": tol.model_dump()}
     if garbage:
@@ -115,4 +115,4 @@ def judge(results: list[PromptResult], *, weight_format: str | None = None,
 
 def make_result(pid: str, kind: str, answer: Answer | None, error: str | None = None) -> PromptResult:
     a = answer or Answer()
-    return PromptResult(id=pid, kind=kind, answer=a, flags=flags(a), error=error)
+    return PromptResult(id=pid, kind=kind, answer=a, symptoms=symptoms(a), error=error)

@@ -7,6 +7,7 @@ comparison always sends byte-identical inputs.
 from __future__ import annotations
 
 import json
+import re
 import time
 from importlib import resources
 from pathlib import Path
@@ -47,9 +48,37 @@ def render(prompts: list[dict], max_model_len: int | None) -> list[dict]:
     return out
 
 
+# The context limit and the prompt's token count in a refusal, as vLLM, SGLang and moelab serve word it
+# ("maximum context length is 64 tokens ... (62 in the prompt, 32 for the completion)"; "maximum context
+# length of 2048 tokens ... 2000 tokens from the input"; "... and your request has 2000 input tokens").
+_CTX_LIMIT = re.compile(r"maximum context length (?:is|of) (\d+)")
+_CTX_PROMPT = re.compile(r"(\d+) (?:in the prompt|input tokens|tokens from the input)")
+
+
+def fit_to_context(p: dict, message: str) -> dict | None:
+    """The prompt made to fit a context the server says is too short for it, or None when the
+    refusal does not say its limit and the prompt's length. The completion keeps its length where
+    the context allows, else half the context; the prompt keeps its head, cut in proportion to its
+    tokens. The fitted prompt is what is sent and what a recorded reference keeps."""
+    limit, used = _CTX_LIMIT.search(message), _CTX_PROMPT.search(message)
+    if not (limit and used):
+        return None
+    ctx, n_prompt = int(limit.group(1)), int(used.group(1))
+    out = min(p["max_tokens"], max(ctx - n_prompt, ctx // 2))
+    keep = ctx - out
+    text = p["prompt"]
+    if keep < n_prompt:
+        text = text[:max(1, int(len(text) * keep / n_prompt * 0.9))]
+    if out == p["max_tokens"] and text == p["prompt"]:
+        return None  # nothing left to cut: the refusal is about something else
+    return {**p, "prompt": text, "messages": [{"role": "user", "content": text}], "max_tokens": out,
+            "fitted_to_context": ctx}
+
+
 def _ask(base_url: str, model: str, p: dict, chat: bool, timeout_s: float,
          api_key: str | None = None) -> tuple[dict, PromptResult]:
-    """Send one prompt; a long prompt the server rejects (HTTP 400, too long) is halved up to 3 times."""
+    """Send one prompt. One the server refuses as longer than its context is fitted to the limit the
+    refusal states; a long prompt refused without one is halved, up to 3 times."""
     for _ in range(4):
         try:
             return p, make_result(p["id"], p.get("kind", ""), greedy(base_url, model, p, chat=chat, timeout_s=timeout_s,
@@ -57,6 +86,10 @@ def _ask(base_url: str, model: str, p: dict, chat: bool, timeout_s: float,
         except RequestFailed as e:
             if e.status in (401, 403, 404):  # the whole probe would fail the same way: say it once
                 raise
+            fitted = fit_to_context(p, str(e)) if e.status == 400 else None
+            if fitted is not None:
+                p = fitted
+                continue
             if not (p.get("long") and e.status == 400 and len(p["prompt"]) > 200):
                 return p, make_result(p["id"], p.get("kind", ""), None, error=str(e))
             body = p["paragraph"] * max(1, p["prompt"].count(p["paragraph"]) // 2)

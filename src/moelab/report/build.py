@@ -5,7 +5,7 @@ a report of an imported or edited store says what its data supports.
 """
 from __future__ import annotations
 
-from moelab.study import stats
+from moelab.study import ranking
 
 # One colour per cause, used by the matrix, the plots and the progress display's spirit.
 COLOURS = {
@@ -44,7 +44,7 @@ def matrix(study: dict, trials: list[dict]) -> dict | None:
     cells: dict[str, dict] = {}
     for key, ts in groups.items():
         ok = [t for t in ts if t["cause"] == "ok"]
-        tps = lambda t: (stats.primary(t.get("metrics")) or {}).get("output_tps")  # noqa: E731
+        tps = lambda t: (ranking.primary(t.get("metrics")) or {}).get("output_tps")  # noqa: E731
         measured = [t for t in ok if tps(t) is not None]
         bad = [t for t in ts if t["cause"] != "ok"]
         launched_bad = [t for t in bad if t["status"] == "done"]
@@ -127,7 +127,7 @@ def build(store, study_id: int | None = None) -> dict:
     finished = [t for t in trials if t["status"] in ("done", "reused")]
     cv = curves(finished, {k for k, v in (s["spec"].get("axes") or {}).items() if isinstance(v, list)})
     obj = s["spec"].get("objective") or "throughput"
-    configs = stats.by_config(finished, slo, obj)
+    configs = ranking.by_config(finished, slo, obj)
     merged = {x for c in configs.values() for x in c.get("same_as", [])}  # ran as another configuration
     cv = [c for c in cv if c["points"][0]["label"] not in merged]
     points = [p for c in cv for p in c["points"]]
@@ -137,7 +137,7 @@ def build(store, study_id: int | None = None) -> dict:
             counts[t["cause"]] = counts.get(t["cause"], 0) + 1
     base = s["spec"].get("base") or {}
     bisect = s["spec"].get("strategy") == "bisect"  # a bisect explains one failure; it recommends nothing
-    return {"study": s, "trials": trials, "recommendation": None if bisect else stats.recommend(finished, slo, base, obj),
-            "ranked": stats.ranked(finished, slo, base, obj), "configs": configs, "slo": slo,
+    return {"study": s, "trials": trials, "recommendation": None if bisect else ranking.recommend(finished, slo, base, obj),
+            "ranked": ranking.ranked(finished, slo, base, obj), "configs": configs, "slo": slo,
             "objective": obj,
-            "matrix": matrix(s["spec"], trials), "search": search_lines(s), "curves": cv, "pareto": stats.pareto(points), "causes": counts}
+            "matrix": matrix(s["spec"], trials), "search": search_lines(s), "curves": cv, "pareto": ranking.pareto(points), "causes": counts}

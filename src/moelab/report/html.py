@@ -12,7 +12,7 @@ from html import escape
 from moelab.report import measured
 from moelab.report.build import COLOURS, failures_text
 from moelab.report.svg import tradeoff
-from moelab.study.stats import interval_text, objective_text, primary, tie_sentence
+from moelab.study.ranking import interval_text, objective_text, primary, tie_sentence
 
 CSS = """li.budget{color:#b00;font-weight:bold}
 

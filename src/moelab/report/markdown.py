@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from moelab.report import measured
 from moelab.report.build import failures_text
-from moelab.study.stats import OBJECTIVES, interval_text, objective_text, primary, tie_sentence
+from moelab.study.ranking import OBJECTIVES, interval_text, objective_text, primary, tie_sentence
 
 
 def _cell(t: str) -> str:

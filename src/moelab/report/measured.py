@@ -9,7 +9,7 @@ from __future__ import annotations
 from html import escape
 
 from moelab.engines.effective import NOT_REPORTED, Setting
-from moelab.study import stats
+from moelab.study import ranking
 
 
 def _settings(t: dict) -> list[Setting]:
@@ -69,7 +69,7 @@ def _primary_of(configs: dict, trials: list[dict]) -> list[tuple[dict, dict, dic
     out = []
     for c in configs.values():
         t = by_id.get(c.get("rep_trial") or c["trials"][-1])
-        p = stats.primary((t or {}).get("metrics"))
+        p = ranking.primary((t or {}).get("metrics"))
         if t is not None and p is not None:
             out.append((c, t, p))
     return out

@@ -6,6 +6,6 @@ against the store, `run_study` drives the study's strategy to the end; `planner`
 """
 from __future__ import annotations
 
-from moelab.study.spec import StudyError, StudyFile, load_study, parse_study
+from moelab.study.file import StudyError, StudyFile, load_study, parse_study
 
 __all__ = ["StudyError", "StudyFile", "load_study", "parse_study"]

@@ -15,7 +15,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import Callable
 
-from moelab.study.spec import FlagValue, StudyFile
+from moelab.study.file import FlagValue, StudyFile
 
 
 @dataclass(frozen=True)

@@ -58,7 +58,7 @@ class Progress:
         self.n += 1
         cause = t.get("cause") or "?"
         colour = "green" if cause == "ok" else ("grey50" if kind in ("pruned", "reused", "resumed") else "red")
-        from moelab.study.stats import primary
+        from moelab.study.ranking import primary
 
         p = primary(t.get("metrics"))
         tps = f"  {p['output_tps']:.1f} tok/s" if p and p.get("output_tps") is not None else ""

@@ -7,9 +7,6 @@ The store's exact-key reuse lives in the runner, since it needs the store.
 """
 from __future__ import annotations
 
-import re
-import subprocess
-import sys
 from functools import lru_cache
 
 from moelab.spec import Cause, Evidence, LaunchSpec, Phase, Verdict
@@ -19,23 +16,9 @@ from moelab.study.planner import Blame
 @lru_cache(maxsize=8)
 def engine_flags(engine: str) -> frozenset[str] | None:
     """Every option string the installed engine accepts, or None when moelab cannot know (command)."""
-    if engine in ("vllm", "sglang"):
-        from moelab.engines import ENGINES
+    from moelab.engines import ENGINES
 
-        return frozenset(ENGINES.create(engine).flag_catalogue().index())
-    if engine == "embedded":
-        # `moelab serve --help` is the embedded engine's own argument parser speaking.
-        out = subprocess.run([sys.executable, "-m", "moelab.cli", "serve", "--help"], capture_output=True,
-                             text=True, timeout=120, env={"COLUMNS": "200", **_env()})
-        flags = frozenset(re.findall(r"(?<![\w-])(--[a-z][\w-]*)", out.stdout))
-        return flags or None  # an engine whose help lists nothing cannot be checked
-    return None
-
-
-def _env() -> dict[str, str]:
-    import os
-
-    return dict(os.environ)
+    return ENGINES.create(engine).flag_names()
 
 
 def unknown_axes(engine: str, flags: list[str]) -> list[str]:
@@ -46,32 +29,12 @@ def unknown_axes(engine: str, flags: list[str]) -> list[str]:
     return [f for f in flags if f.split("=", 1)[0] not in known]
 
 
-@lru_cache(maxsize=1)
-def hardware():
-    """This machine as `moelab check` sees it (arch, GPU memory, host memory limit)."""
-    from moelab import hw
-    from moelab.engines.preflight import Hardware
-
-    found, h = hw.gpus(), hw.host()
-    limit = h.cgroup_memory_limit or h.ram_available
-    if not found:
-        return Hardware(arch="cpu", source="this machine: no GPU", host_limit=limit)
-    return Hardware(arch=found[0].sm, gpu_memory=min(g.memory_total for g in found), gpus=len(found),
-                    source=f"this machine: {len(found)} x {found[0].name}", host_limit=limit)
-
-
-def preflight(spec: LaunchSpec, hw=None) -> Verdict | None:
-    """A preflight verdict that makes launching pointless, else None."""
+def launch_check(spec: LaunchSpec, hw=None) -> Verdict | None:
+    """A preflight verdict that makes launching pointless, else None (the engine's adapter decides
+    what it can check: flags, support matrix, memory forecast)."""
     from moelab.engines import ENGINES
 
-    adapter = ENGINES.create(spec.engine)
-    if spec.engine in ("vllm", "sglang"):
-        from moelab.engines.preflight import check_command
-
-        rep = check_command(spec.engine, spec.args, hw or hardware(), spec.env)
-        return None if rep.verdict.ok else rep.verdict
-    v = adapter.preflight(spec)
-    return v if v is not None and not v.ok else None
+    return ENGINES.create(spec.engine).check_launch(spec, hw)
 
 
 def blamed(flags: dict, rules: list[Blame]) -> Verdict | None:

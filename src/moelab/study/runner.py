@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Callable
 
 from moelab.spec import Cause, Evidence, LaunchSpec, Phase, Verdict
-from moelab.store import Store, trial_key
+from moelab.store import Store, TrialStatus, trial_key
 from moelab.study import attribute, prune
 from moelab.study.planner import Blame, Candidate, blame, to_args
-from moelab.study.spec import StudyFile
+from moelab.study.file import StudyFile
 
 
 OWNER = "MOELAB_TRIAL_OWNER"  # "<store path>#<trial id>" in the environment of every trial process
@@ -37,15 +37,10 @@ class BudgetSpent(Exception):
 
 
 def model_args(study: StudyFile) -> list[str]:
-    """The engine's own model argument(s) for `study.model` (flag names never renamed)."""
-    if study.engine == "command":
-        return list(study.command)
-    if not study.model:
-        return []
-    if study.engine == "embedded":
-        is_preset = "/" not in study.model and not Path(study.model).exists()
-        return ["--preset" if is_preset else "--model-path", study.model]
-    return ["--model" if study.engine == "vllm" else "--model-path", study.model]
+    """The study's server line (`command:`) and the engine's own model argument(s) for `study.model`."""
+    from moelab.engines import ENGINES
+
+    return [*study.command, *ENGINES.create(study.engine).model_args(study.model)]
 
 
 class StudyRunner:
@@ -129,13 +124,14 @@ class StudyRunner:
                             objective=self.study.objective,
                             on_progress=lambda p: self.on_event({"event": "progress", "id": tid, **p}))
         except BaseException:  # Ctrl-C / SIGTERM: the supervisor has torn down; mark it for a rerun
-            self.store.finish_trial(tid, status="interrupted", verdict=Verdict(
+            self.store.finish_trial(tid, status=TrialStatus.interrupted.value, verdict=Verdict(
                 cause=Cause.unknown, phase=Phase.launch, advice="Interrupted; runs again on resume.",
                 evidence=[Evidence(kind="interrupt", text="moelab was interrupted during this trial")]).model_dump(mode="json"))
             raise
         finally:
             os.environ.pop(OWNER, None)
-        self.store.finish_trial(tid, status="done", verdict=out.verdict.model_dump(mode="json"), metrics=out.metrics,
+        self.store.finish_trial(tid, status=TrialStatus.done.value, verdict=out.verdict.model_dump(mode="json"),
+                                metrics=out.metrics,
                                 samples=out.samples, telemetry={**out.telemetry, "timings": out.timings},
                                 paths=out.paths, command=out.command, effective=out.effective)
         t = self._get(tid)
@@ -154,12 +150,12 @@ class StudyRunner:
         return ""
 
     def _get(self, tid: int) -> dict:
-        return next(t for t in self.store.trials(self.study_id) if t["id"] == tid)
+        return self.store.trial(tid)
 
     def _pruned(self, cand: Candidate, spec: LaunchSpec, key: str, loads: int):
         """A function that stores the trial without launching it, or None when it must launch."""
         v = prune.blamed(cand.flags(self.study.base), self.rules) or prune.same_failure(key, self.failed_keys) \
-            or prune.preflight(spec)
+            or prune.launch_check(spec)
         reused = None
         if v is None and not self.rerun:  # --rerun: launch even where another study judged this key
             reused = self.store.verdict_for(key, self.study_id, need_metrics=loads > 0, stage=cand.stage)
@@ -175,13 +171,13 @@ class StudyRunner:
                                                text=f"reused the verdict of trial {reused['id']} (study "
                                                     f"{reused['study_id']}): same engine version, GPU, driver, model, "
                                                     f"flags and env; --rerun launches again"))
-                self.store.finish_trial(tid, status="reused", verdict=rv.model_dump(mode="json"),
+                self.store.finish_trial(tid, status=TrialStatus.reused.value, verdict=rv.model_dump(mode="json"),
                                         metrics=reused["metrics"], samples=reused["samples"],
                                         telemetry=reused["telemetry"], paths=reused["paths"],
                                         command=reused["command"], reused_from=reused["id"],
                                         effective=reused.get("effective"))
             else:
-                self.store.finish_trial(tid, status="pruned", verdict=v.model_dump(mode="json"))
+                self.store.finish_trial(tid, status=TrialStatus.pruned.value, verdict=v.model_dump(mode="json"))
             t = self._get(tid)
             self.on_event({"event": "pruned" if reused is None else "reused", "trial": t})
             return t

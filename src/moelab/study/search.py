@@ -18,7 +18,7 @@ launches. After the first probe it also knows whether the knob matters at all at
 """
 from __future__ import annotations
 
-from moelab.study.spec import Range
+from moelab.study.file import Range
 
 FLAT = 0.03  # a knob whose two first points differ by less than this share does nothing at this load
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import time
 
-from moelab.study import planner, search, stats
+from moelab.study import planner, ranking, search
 from moelab.study.planner import Candidate
 from moelab.study.runner import BudgetSpent, StudyRunner
 
@@ -49,9 +49,9 @@ def _finalists(r: StudyRunner) -> list[dict]:
         return [r.trial(Candidate(ch, "final", rep=i), loads=r.study.staged.repeats)
                 for i in range(r.study.staged.final_launches)]
 
-    out = [t for c in stats.ranked(finished(), slo, base, obj)[: r.study.staged.finalists] for t in final(c)]
+    out = [t for c in ranking.ranked(finished(), slo, base, obj)[: r.study.staged.finalists] for t in final(c)]
     for _ in range(r.study.staged.finalists):
-        top = stats.ranked(finished(), slo, base, obj)
+        top = ranking.ranked(finished(), slo, base, obj)
         if not top or len(top[0]["samples"]) > 1:
             break
         out += final(top[0])
@@ -59,17 +59,23 @@ def _finalists(r: StudyRunner) -> list[dict]:
 
 
 def score(t: dict | None, slo: dict, objective: str = "throughput") -> float | None:
-    """A trial's throughput at its primary load point (or its measure of another objective); None
-    where it failed, broke an SLO or its measurement is not valid (a point that does not work)."""
+    """A trial's throughput at its primary load point (or its mean measure of another objective);
+    None where it failed or broke an SLO (what a search treats as a point that does not work). A
+    measurement the load generator marked not valid (its own event loop lagged) still counts here:
+    it is roughly right, and a point that worked must not look like one that failed; the ranking
+    prefers valid measurements. Under goodput or max_concurrency_at_slo the SLO is in the objective."""
     if t is None or t.get("cause") != "ok":
         return None
-    p = stats.primary(t.get("metrics"))
-    if p is None or p.get("output_tps") is None or not p.get("valid", True):
+    p = ranking.primary(t.get("metrics"))
+    if p is None or p.get("output_tps") is None:
+        return None
+    acc = (t.get("metrics") or {}).get("accuracy")
+    if acc is not None and not acc["passed"]:
         return None
     if objective != "throughput":
-        vals = stats.objective_values(t, objective)
+        vals = ranking.objective_values(t, objective)
         return sum(vals) / len(vals) if vals else None
-    return None if stats.slo_failures(p, slo) else p["output_tps"]
+    return None if ranking.slo_failures(p, slo) else p["output_tps"]
 
 
 def _center(r: StudyRunner, trials: list[dict], center: dict) -> dict:
@@ -205,8 +211,8 @@ def _tune(r: StudyRunner, survivor: dict, seeded_from: list[dict]) -> dict:
 
 def _unscored(t: dict, slo: dict) -> str:
     """Why a trial that worked still scores nothing: an SLO it broke, or a measurement not valid."""
-    p = stats.primary(t.get("metrics")) or {}
-    miss = stats.slo_failures(p, slo)
+    p = ranking.primary(t.get("metrics")) or {}
+    miss = ranking.slo_failures(p, slo)
     if miss:
         return "SLO: " + "; ".join(miss)
     return "measurement not valid: " + "; ".join(p.get("invalid_reasons") or ["see the trial"])
@@ -263,7 +269,7 @@ def _effect(tried: dict) -> dict:
 def staged(r: StudyRunner) -> dict:
     st, slo = r.study, r.study.slo.model_dump()
     screened, info = _screen(r)
-    survivors = stats.ranked([t for t in screened if t["status"] in ("done", "reused")], slo, st.base, st.objective)
+    survivors = ranking.ranked([t for t in screened if t["status"] in ("done", "reused")], slo, st.base, st.objective)
     survivors = survivors[: st.staged.survivors]
     tuning = []
     if st.numeric() and st.staged.tune_trials:
@@ -335,7 +341,7 @@ def run_study(r: StudyRunner) -> dict:
                         "why": b.why} for b in r.rules]
     extra["launches"] = r.launched
     trials = r.store.trials(r.study_id)
-    rec = None if r.study.strategy == "bisect" else stats.recommend(  # bisect explains a failure only
+    rec = None if r.study.strategy == "bisect" else ranking.recommend(  # bisect explains a failure only
         [t for t in trials if t["status"] in ("done", "reused")], r.study.slo.model_dump(), r.study.base,
         r.study.objective)
     r.finish(rec, status, extra)
@@ -354,7 +360,7 @@ def summary(store, study_id: int, **extra) -> dict:
             "strategy": s["spec"]["strategy"], "recommendation": s["recommendation"], "causes": counts,
             "trials": [{"id": t["id"], "stage": t["stage"], "rep": t["rep"], "label": t["label"],
                         "status": t["status"], "cause": t["cause"], "phase": t["phase"],
-                        "output_tps": (stats.primary(t["metrics"]) or {}).get("output_tps"),
+                        "output_tps": (ranking.primary(t["metrics"]) or {}).get("output_tps"),
                         "reason": _reason(t)} for t in trials], **extra}
 
 

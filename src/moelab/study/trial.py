@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from moelab.formats import probe_class
 from moelab.spec import LaunchSpec, Phase, Verdict
 
 
@@ -26,22 +27,12 @@ class TrialOutcome:
     effective: dict | None = None  # engines/effective.Effective as plain data: what the log says ran
 
 
-def weight_format(flags: dict) -> str | None:
-    """The probe's tolerance class from --quantization (bf16 < fp8 < nvfp4), None for unquantized."""
-    q = str(flags.get("--quantization") or "").lower()
-    if "fp4" in q:
-        return "nvfp4"
-    if "fp8" in q:
-        return "fp8"
-    return None
-
-
 def point_metrics(res, concurrency: int) -> dict:
     """The few numbers the planner, statistics and report use from one LoadResult."""
     m = res.metrics
     return {"concurrency": concurrency, "output_tps": round(m.output_throughput, 3),
             "request_tps": round(m.request_throughput, 3), "ttft_p50_ms": m.ttft_ms.p50, "ttft_p90_ms": m.ttft_ms.p90,
-            "tpot_p50_ms": m.tpot_ms.p50, "tpot_p90_ms": m.tpot_ms.p90, "e2e_p50_ms": m.e2e_ms.p50,
+            "tpot_p50_ms": m.tpot_ms.p50, "tpot_p90_ms": m.tpot_ms.p90, "itl_p90_ms": m.itl_ms.p90, "e2e_p50_ms": m.e2e_ms.p50,
             "e2e_p90_ms": m.e2e_ms.p90, "completed": m.completed, "failed": m.failed, "errors": m.errors,
             "goodput": m.goodput, "valid": res.valid, "invalid_reasons": res.invalid_reasons,
             "achieved_concurrency": res.delivered.get("concurrency"), "ttft_mean_ms": m.ttft_ms.mean,
@@ -98,7 +89,7 @@ def capacity_repeat(srv, workload, slo: dict, concurrency: list[int], fmt, refer
     """One capacity search on this server (objective max_concurrency_at_slo): the highest concurrency
     between the workload's lowest and highest whose requests meet the study's SLO at p90. Returns
     (verdict or None, the Capacity, its LoadResults)."""
-    from moelab.load import SLO, Workload
+    from moelab.load import SLO
     from moelab.load.capacity import find
 
     def watch(step, res) -> None:
@@ -108,18 +99,41 @@ def capacity_repeat(srv, workload, slo: dict, concurrency: list[int], fmt, refer
             srv.record(res.correctness)
         if srv.alive_verdict() is not None:
             raise _Gone()
+        if res.metrics.completed == 0 and res.metrics.failed:  # every request refused: not a load that breaks an SLO
+            raise _Gone(_refused(srv, res, int(step.value)))
 
-    w = Workload(concurrency=concurrency[0], input_len=workload.input_len, output_len=workload.output_len,
-                 num_prompts=workload.num_prompts, seed=workload.seed + r, weight_format=fmt, max_loop_lag_ms=50.0)
+    goal = SLO(**{k: v for k, v in slo.items() if v is not None})
+    w = workload.point(concurrency[0], r, goal, fmt)
     try:
-        cap, results = find(srv.url, w, SLO(**{k: v for k, v in slo.items() if v is not None}), "max-concurrency",
+        cap, results = find(srv.url, w, goal, "max-concurrency",
                             pct=90.0, start=concurrency[0], limit=max(concurrency), rounds=workload.rounds or 4,
                             model=srv.model, api_key=srv.spec.api_key, reference=reference, on_point=watch)
-    except _Gone:
-        return srv.alive_verdict(), None, []
+    except _Gone as e:
+        return (e.args[0] if e.args else None) or srv.alive_verdict(), None, []
     except Exception as e:
         return _client_error(srv, Phase.load, e), None, []
     return srv.alive_verdict(), cap, results
+
+
+def _refused(srv, res, concurrency: int) -> Verdict:
+    """A live server that refused every request of a load point: the workload does not fit this
+    launch (a prompt longer than its context, a parameter it rejects). bad_args for HTTP 4xx refusals,
+    else unknown; the server's own words are the evidence. Never a throughput of 0."""
+    from moelab.spec import Cause, Evidence
+
+    failed = [s for s in res.samples if s.kind == "load" and s.error]
+    details = [s.error_detail or s.error for s in failed if s.error_detail or s.error]
+    statuses = {s.status for s in failed}
+    client = bool(statuses) and all(isinstance(x, int) and 400 <= x < 500 for x in statuses)
+    errs = ", ".join(f"{k}: {n}" for k, n in sorted(res.metrics.errors.items()))
+    ev = [Evidence(kind="load", text=f"every request at concurrency {concurrency} was refused ({errs})")]
+    ev += [Evidence(kind="load", text=d[:400]) for d in dict.fromkeys(details)][:2]
+    return srv.record(Verdict(
+        cause=Cause.bad_args if client else Cause.unknown, phase=Phase.load, evidence=ev,
+        advice="The server is up but refused the study's requests: make the workload fit the launch "
+               "(input_len + output_len within the context length, or a larger --context-length/"
+               "--max-model-len), then run the study again." if client else
+               "The server is up but no load request completed; see the evidence and server.log.")) or srv.verdict
 
 
 def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: dict, reference: Path | None,
@@ -131,12 +145,13 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
     load point (0: screen only); under objective max_concurrency_at_slo each repeat is a capacity
     search instead, and its points up to the capacity are the trial's curve."""
     from moelab.launch import Supervisor
-    from moelab.load import SLO, Workload, run_load
+    from moelab.load import SLO, run_load
     from moelab.probe import record_reference, run_probe
 
     points, samples, repeats, values, search = [], [], [], [], []
-    fmt = weight_format(flags)
-    with Supervisor(spec, out_dir, probe=False, on_progress=on_progress) as srv:
+    fmt = probe_class(flags.get("--quantization") if isinstance(flags.get("--quantization"), str) else None)
+    # the study's pruning ran the engine's launch check on this spec already: it runs once
+    with Supervisor(spec, out_dir, probe=False, on_progress=on_progress, flags_checked=True) as srv:
         v = srv.wait_ready()
         if v is None:
             srv.set_phase(Phase.probe)
@@ -180,9 +195,7 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
             for c in concurrency:
                 if on_progress:
                     on_progress({"phase": f"load c={c}" + (f" #{r + 1}" if loads > 1 else "")})
-                w = Workload(concurrency=c, input_len=workload.input_len, output_len=workload.output_len,
-                             num_prompts=workload.prompts_at(c), seed=workload.seed + r, slo=SLO(**slo),
-                             weight_format=fmt, max_loop_lag_ms=50.0)
+                w = workload.point(c, r, SLO(**slo), fmt)
                 try:
                     res = run_load(srv.url, w, model=srv.model, reference=reference, api_key=srv.spec.api_key)
                 except Exception as e:
@@ -194,6 +207,9 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
                 if v is not None:
                     break
                 pm = point_metrics(res, c)
+                if pm["completed"] == 0 and pm["failed"]:
+                    v = _refused(srv, res, c)
+                    break
                 if r == 0:
                     points.append(pm)
                     samples.append({"concurrency": c, "samples": [s.model_dump(mode="json") for s in res.samples]})

@@ -67,7 +67,7 @@ class Collectives:
         self.rank, self.ranks, self.timeout_s = rank, ranks, timeout_s
         self.backend = backend_for(device)
         self.custom = custom_all_reduce and self.backend == "gloo"  # CUDA tensors go through NCCL
-        if self.backend == "nccl":
+        if self.backend == "nccl" and torch.device(device).index is not None:
             torch.cuda.set_device(torch.device(device))
         dist.init_process_group(self.backend, store=dist.PrefixStore("moelab", store), rank=rank,
                                 world_size=ranks, timeout=timedelta(seconds=timeout_s))

@@ -8,14 +8,15 @@ the planner can prune with it; `moelab check` prints it.
 from __future__ import annotations
 
 import re
-from pathlib import Path
+from functools import lru_cache
 
 from pydantic import BaseModel, Field
 
 from moelab.audit.knowledge import Knowledge
 from moelab.engines import ENGINES
 from moelab.engines.flags import FlagProblem, parse_args
-from moelab.engines.support import Support, check_flags, format_of, rows
+from moelab.engines.support import Support, check_flags, rows
+from moelab.formats import of_launch
 from moelab.forecast import Forecast, ModelInfo, forecast, load_model
 from moelab.spec import Cause, Evidence, Phase, Verdict
 
@@ -28,6 +29,20 @@ class Hardware(BaseModel):
     gpus: int = 0
     source: str  # "this machine (NVML)", "given on the command line", ...
     host_limit: int | None = None
+
+
+@lru_cache(maxsize=1)
+def this_machine(host_limit: int | None = None) -> Hardware:
+    """This machine as `moelab check` sees it: the first GPU's arch, the smallest GPU memory, the
+    GPU count (NVML), the host memory limit (cgroup, else free RAM); `cpu` without a GPU."""
+    from moelab import hw
+
+    found, h = hw.gpus(), hw.host()
+    limit = host_limit or h.cgroup_memory_limit or h.ram_available
+    if not found:
+        return Hardware(arch="cpu", source=f"this machine: no GPU ({hw.nvml_status()})", host_limit=limit)
+    return Hardware(arch=found[0].sm, gpu_memory=min(g.memory_total for g in found), gpus=len(found),
+                    source=f"this machine (NVML): {len(found)} x {found[0].name}", host_limit=limit)
 
 
 class CheckReport(BaseModel):
@@ -49,22 +64,18 @@ class CheckReport(BaseModel):
 
 
 def split_command(argv: list[str]) -> tuple[str, dict[str, str], list[str]]:
-    """(engine, leading VAR=value environment, the engine's own arguments) from a command line."""
+    """(engine, leading VAR=value environment, the engine's own arguments) from a command line;
+    each adapter recognises its own command line."""
     env = {}
     while argv and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*=.*", argv[0]):
         k, v = argv[0].split("=", 1)
         env[k], argv = v, argv[1:]
     if not argv:
         raise ValueError("no engine command line given after --")
-    exe = Path(argv[0]).name
-    if exe.startswith("python") and argv[1:3] == ["-m", "sglang.launch_server"]:
-        return "sglang", env, argv[3:]
-    if exe == "sglang":
-        return "sglang", env, argv[2:] if argv[1:2] == ["serve"] else argv[1:]
-    if exe == "vllm":
-        return "vllm", env, argv[2:] if argv[1:2] == ["serve"] else argv[1:]
-    if exe.startswith("python") and argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]:
-        return "vllm", env, argv[3:]
+    for name in ENGINES.names():
+        args = ENGINES.create(name).split(list(argv))
+        if args is not None:
+            return name, env, args
     raise ValueError(f"cannot tell the engine from {' '.join(argv[:3])!r}: expected `vllm serve ...` or "
                      "`python -m sglang.launch_server ...`")
 
@@ -165,9 +176,9 @@ def check_command(engine: str, args: list[str], hw: Hardware, env: dict[str, str
             rep.model = load_model(model_arg)
         except (FileNotFoundError, ValueError, KeyError) as e:
             rep.model_error = str(e)
-    fmt = format_of(v.get(f["quant"]) if isinstance(v.get(f["quant"]), str) else None,
+    fmt = of_launch(v.get(f["quant"]) if isinstance(v.get(f["quant"]), str) else None,
                     rep.model.quant_format if rep.model else None)
-    rep.support = check_flags(engine, v, hw.arch, fmt)
+    rep.support = check_flags(engine, adapter.kind_flags, v, hw.arch, fmt)
     if hw.arch == "cpu" and engine == "sglang":
         rep.support.append(Support(status="no", engine=engine, kind="device", backend="cuda", arch="cpu", format=fmt,
                                    note="SGLang needs a CUDA GPU; none is visible (give --gpu/--gpu-memory/--gpus "
@@ -185,7 +196,7 @@ def check_command(engine: str, args: list[str], hw: Hardware, env: dict[str, str
             fraction_default=adapter.memory_fraction_default, fraction_flag=adapter.memory_fraction_flag,
             kv_dtype=_kv_dtype(v.get(f["kv"]), dtype), context_len=_num(v.get(f["ctx"]), int),
             host_limit=hw.host_limit, cpu_kv_bytes=int(kv_space * GiB) if kv_space else None,
-            dtype_bytes=4.0 if dtype in ("float32", "float") else None)
+            dtype_bytes=4.0 if dtype in ("float32", "float") else None, refuses_short_kv=adapter.refuses_short_kv)
     rep.verdict = _verdict(rep, fmt)
     return rep
 

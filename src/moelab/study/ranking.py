@@ -30,7 +30,8 @@ def t_interval(xs: list[float]) -> tuple[float, float, float]:
 def slo_failures(point: dict, slo: dict) -> list[str]:
     """Which SLO limits (p90) one load point breaks, in words."""
     out = []
-    for name, key in (("ttft_ms", "ttft_p90_ms"), ("tpot_ms", "tpot_p90_ms"), ("e2e_ms", "e2e_p90_ms")):
+    for name, key in (("ttft_ms", "ttft_p90_ms"), ("itl_ms", "itl_p90_ms"), ("tpot_ms", "tpot_p90_ms"),
+                      ("e2e_ms", "e2e_p90_ms")):
         lim, got = slo.get(name), point.get(key)
         if lim is not None and got is not None and got > lim:
             out.append(f"p90 {name[:-3].upper()} {got:.0f} ms > {lim:.0f} ms")

@@ -24,6 +24,8 @@ from typing import Literal, Union
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from moelab.load.workload import SLO
+
 FlagValue = Union[str, int, float, bool, None]  # True: a bare switch; None/False: leave the flag out
 STRATEGIES = ("grid", "one-factor", "staged", "bisect")
 
@@ -89,7 +91,10 @@ class Range(_Strict):
         return round(min(max(v, self.low), self.high), decimals)
 
 
-class Workload(_Strict):
+class LoadPlan(_Strict):
+    """A study's `workload:`: its load points (one per concurrency). `point` makes the load
+    generator's own Workload for one of them, so a load point is defined in one place."""
+
     concurrency: list[int] = Field(default_factory=lambda: [4])  # one load point per value: a curve
     input_len: int = Field(32, gt=0)
     output_len: int = Field(16, gt=0)
@@ -102,6 +107,14 @@ class Workload(_Strict):
     def prompts_at(self, concurrency: int) -> int:
         return self.rounds * concurrency if self.rounds else self.num_prompts
 
+    def point(self, concurrency: int, repeat: int, slo: SLO, weight_format: str | None):
+        """The load generator's Workload for the point at `concurrency`, repeat `repeat` (a new seed)."""
+        from moelab.load import Workload
+
+        return Workload(concurrency=concurrency, input_len=self.input_len, output_len=self.output_len,
+                        num_prompts=self.prompts_at(concurrency), seed=self.seed + repeat, slo=slo,
+                        weight_format=weight_format, max_loop_lag_ms=50.0)
+
     @field_validator("concurrency", mode="before")
     @classmethod
     def _listify(cls, v):
@@ -113,12 +126,6 @@ class Workload(_Strict):
         if not v or any(c <= 0 for c in v):
             raise ValueError("concurrency must be one or more positive integers, e.g. [1, 4]")
         return v
-
-
-class SLO(_Strict):
-    ttft_ms: float | None = None  # p90 time to first token
-    tpot_ms: float | None = None  # p90 time per output token
-    e2e_ms: float | None = None   # p90 request latency
 
 
 class Budget(_Strict):
@@ -172,7 +179,7 @@ class StudyFile(_Strict):
     base: dict[str, FlagValue] = Field(default_factory=dict)
     axes: dict[str, Union[list[FlagValue], Range]] = Field(default_factory=dict)
     env: dict[str, str] = Field(default_factory=dict)
-    workload: Workload = Field(default_factory=Workload)
+    workload: LoadPlan = Field(default_factory=LoadPlan)
     slo: SLO = Field(default_factory=SLO)
     reference: dict[str, FlagValue] | None = None  # flags over base for the probe's reference config
     accuracy: Accuracy | None = None  # a task accuracy gate after the probe (see Accuracy)
@@ -218,15 +225,17 @@ class StudyFile(_Strict):
 
     @model_validator(mode="after")
     def _per_strategy(self) -> "StudyFile":
-        if self.engine == "command" and not self.command:
-            raise ValueError("engine: command needs `command:` (the server line, with {port})")
+        from moelab.engines import ENGINES
+
+        if ENGINES.create(self.engine).needs_command and not self.command:
+            raise ValueError(f"engine: {self.engine} needs `command:` (the server line, with {{port}})")
         if self.strategy == "bisect" and not self.bisect:
             raise ValueError("strategy: bisect needs `bisect:` (the failing flags, over base)")
         if self.strategy != "bisect" and not self.axes:
             raise ValueError(f"strategy: {self.strategy} needs at least one axis under `axes:`")
         if self.objective != "throughput" and not any(v is not None for v in self.slo.model_dump().values()):
             raise ValueError(f"objective: {self.objective} is measured against the SLO: give `slo:` "
-                             "(ttft_ms, tpot_ms or e2e_ms)")
+                             "(ttft_ms, itl_ms, tpot_ms or e2e_ms)")
         return self
 
     def categorical(self) -> dict[str, list[FlagValue]]:

@@ -21,10 +21,10 @@ import hashlib
 import json
 import os
 import random
-import signal
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from openai_http import OpenAIHandler, serve
 
 WORDS = ("the of and to in is was for on that with as by at from it an be this which or are not "
          "but had his have one all were they her she there been if more when will would who so no").split()
@@ -53,31 +53,16 @@ def answer(prompt: str, n: int, mode: str) -> list[tuple[str, float, dict]]:
     return out
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(OpenAIHandler):
     protocol_version = "HTTP/1.1"
+    model_id = "bad-moe"
     mode, ttft, itl, die_after, served = "healthy", 0.0, 0.0, 10**9, 0
 
-    def log_message(self, fmt, *args):
-        pass
-
-    def _json(self, code: int, obj: dict) -> None:
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self):
-        if self.path == "/health":
-            self._json(200, {})
-        elif self.path == "/v1/models":
-            self._json(200, {"object": "list", "data": [{"id": "bad-moe", "object": "model", "max_model_len": 2048}]})
-        else:
-            self._json(404, {"error": "not found"})
+    def models_entry(self) -> dict:
+        return {**super().models_entry(), "max_model_len": 2048}
 
     def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        req = self._body()
         with LOCK:
             Handler.served += 1
             nth = Handler.served
@@ -104,30 +89,21 @@ class Handler(BaseHTTPRequestHandler):
         self._json(200, {"id": "cmpl-bad", "object": "text_completion", "model": req.get("model"),
                          "choices": [choice], "usage": usage})
 
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
-
     def _stream(self, req: dict, toks: list, usage: dict, die: bool) -> None:
-        self.send_response(200)
-        self.send_header("Content-Type", "text/event-stream")
-        self.send_header("Transfer-Encoding", "chunked")
-        self.end_headers()
+        self._start_stream()
         start = time.perf_counter()
         for i, (tok, lp, alts) in enumerate(toks):
             due = start + Handler.ttft + i * Handler.itl
             time.sleep(max(0.0, due - time.perf_counter()))
             if die and i == len(toks) // 2:
                 os._exit(3)  # the "engine" crashes with the stream half written
-            ev = {"id": "cmpl-bad", "object": "text_completion", "model": req.get("model"),
-                  "choices": [{"index": 0, "text": tok, "finish_reason": None,
-                               "logprobs": {"tokens": [tok], "token_logprobs": [lp], "top_logprobs": [alts]}
-                               if req.get("logprobs") else None}]}
-            self._chunk(b"data: " + json.dumps(ev).encode() + b"\n\n")
+            self._event({"id": "cmpl-bad", "object": "text_completion", "model": req.get("model"),
+                         "choices": [{"index": 0, "text": tok, "finish_reason": None,
+                                      "logprobs": {"tokens": [tok], "token_logprobs": [lp], "top_logprobs": [alts]}
+                                      if req.get("logprobs") else None}]})
         if (req.get("stream_options") or {}).get("include_usage"):
-            self._chunk(b"data: " + json.dumps({"choices": [], "usage": usage}).encode() + b"\n\n")
-        self._chunk(b"data: [DONE]\n\n")
-        self._chunk(b"")
+            self._event({"choices": [], "usage": usage})
+        self._end_stream()
 
 
 def main() -> None:
@@ -140,11 +116,7 @@ def main() -> None:
     ap.add_argument("--die-after", type=int, default=5)
     a = ap.parse_args()
     Handler.mode, Handler.ttft, Handler.itl, Handler.die_after = a.mode, a.ttft_ms / 1e3, a.itl_ms / 1e3, a.die_after
-    httpd = ThreadingHTTPServer(("127.0.0.1", a.port), Handler)
-    httpd.daemon_threads = True
-    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
-    print(f"bad_server mode={a.mode} listening on 127.0.0.1:{a.port}", flush=True)
-    httpd.serve_forever()
+    serve(Handler, a.port, f"bad_server mode={a.mode} listening on 127.0.0.1:{a.port}")
 
 
 if __name__ == "__main__":

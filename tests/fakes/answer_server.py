@@ -38,7 +38,7 @@ class Handler(BadHandler):
     in_flight = 0
 
     def do_POST(self):
-        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        req = self._body()
         chat = self.path == "/v1/chat/completions"
         if not chat and self.path != "/v1/completions":
             return self._json(404, {"error": {"message": "not found"}})
