@@ -132,6 +132,8 @@ def test_a_flag_the_engine_ignores_is_reported_and_what_ran_the_same_is_one_conf
     assert (moe["requested"], moe["ran"]) == ("triton_kernel", "flashinfer_cutlass") and "server_args=" in moe["text"]
     assert any(e["kind"] == "effective" and "asked triton_kernel, ran flashinfer_cutlass" in e["text"]
                for e in tk["verdict"]["evidence"])
+    said = next(x for x in s["trials"] if x["id"] == tk["id"])["ran_otherwise"]  # and in --json
+    assert said == ["moe runner --moe-runner-backend: asked triton_kernel, ran flashinfer_cutlass"], said
     rec = s["recommendation"]
     assert rec["label"] == "moe-runner-backend=flashinfer_cutlass", rec
     assert sorted(rec["same_as"]) == ["moe-runner-backend=auto", "moe-runner-backend=triton_kernel"]

@@ -361,7 +361,20 @@ def summary(store, study_id: int, **extra) -> dict:
             "trials": [{"id": t["id"], "stage": t["stage"], "rep": t["rep"], "label": t["label"],
                         "status": t["status"], "cause": t["cause"], "phase": t["phase"],
                         "output_tps": (ranking.primary(t["metrics"]) or {}).get("output_tps"),
-                        "reason": _reason(t)} for t in trials], **extra}
+                        "reason": _reason(t), "ran_otherwise": ran_otherwise(t)} for t in trials], **extra}
+
+
+def ran_otherwise(t: dict) -> list[str]:
+    """`moe runner --moe-runner-backend: asked triton_kernel, ran flashinfer_cutlass` for each setting
+    the engine's log says it replaced or refused (engines/effective.py); empty where it ran as asked."""
+    from moelab.engines.effective import Setting
+
+    out = []
+    for s in (t.get("effective") or {}).get("settings") or []:
+        st = Setting.model_validate(s)
+        if st.changed:
+            out.append(f"{st.name.replace('_', ' ')}{' ' + st.flag if st.flag else ''}: {st.describe()}")
+    return out
 
 
 def _reason(t: dict) -> str:
