@@ -121,3 +121,50 @@ def test_a_study_under_max_concurrency_at_slo_ranks_by_capacity(tmp_path):
     searched = [t for t in trials if (t.get("metrics") or {}).get("search")]
     assert searched and all(s[-1]["met"] is False or s[-1]["concurrency"] == 8 for t in searched
                             for s in t["metrics"]["search"])
+
+
+def test_a_queue_with_free_running_slots_is_held_by_kv_room_not_by_the_cap():
+    from moelab.report.measured import bound_of
+
+    w = {"available": True, "bound": "running", "running": {"mean": 3.0, "peak": 3.0},
+         "waiting": {"mean": 5.0, "peak": 5.0}, "kv_usage": {"mean": 0.79, "peak": 0.8}}
+    assert bound_of(w, 8) == "kv_cache"  # 3 of 8 slots ran: the next request's reservation did not fit
+    assert bound_of(w, 3) == "running" and bound_of(w, None) == "running"  # at the cap, or the cap unknown
+    assert bound_of({**w, "bound": "kv_cache"}, 8) == "kv_cache" and bound_of({**w, "bound": None}, 8) is None
+
+
+@pytest.mark.embedded
+@pytest.mark.slow
+def test_the_report_shows_what_ran_the_server_metrics_and_the_spread(tmp_path):
+    # the embedded engine resolves `auto` to a named runner and logs it once; its /metrics is scraped
+    # at every point; a KV cache of 192 tokens holds 3 requests of 16 + 32 tokens, so 8 queue
+    pytest.importorskip("torch")
+    doc = {"name": "measured", "engine": "embedded", "model": "tiny",
+           "base": {MOE: "reference", "--max-running-requests": 8, "--max-total-tokens": 192},
+           "axes": {MOE: ["auto", "reference", "grouped"]},
+           "workload": {"concurrency": [8], "input_len": 16, "output_len": 32, "num_prompts": 16},
+           "slo": {"ttft_ms": 5000}, "staged": {"finalists": 1, "repeats": 2, "final_launches": 2},
+           "launch": {"timeout_s": 120}}
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    r = subprocess.run([sys.executable, "-m", "moelab.cli", "study", str(path), "--store", str(tmp_path / "s.db"),
+                        "--json"], capture_output=True, text=True, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rep = subprocess.run([sys.executable, "-m", "moelab.cli", "report", str(tmp_path / "s.db"), "--md",
+                          str(tmp_path / "r.md"), "--html", str(tmp_path / "r.html")], capture_output=True, text=True)
+    assert rep.returncode == 0, rep.stderr
+    md, html = (tmp_path / "r.md").read_text(), (tmp_path / "r.html").read_text()
+    ran = md.split("## What each launch ran")[1].split("\n## ")[0]
+    auto = next(x for x in ran.splitlines() if "moe-runner-backend=auto" in x)
+    assert "auto: ran " in auto and "torch_sdpa" in auto, auto
+    resolved = auto.split("auto: ran ")[1].split(" |")[0]
+    assert f"`moe-runner-backend={resolved}` stands for `moe-runner-backend=auto` too" in md
+    ranking_rows = md.split("## Configurations that work")[1].split("\n## ")[0]
+    assert "moe-runner-backend=auto" not in ranking_rows  # one configuration with what it ran
+    srv = md.split("## The server's own metrics")[1].split("\n## ")[0]
+    assert "KV cache (no room for the next request)" in srv and "of its 8 slots" in srv, srv
+    row = next(x for x in srv.splitlines() if x.startswith(f"| moe-runner-backend={resolved} |"))
+    assert row.split(" | ")[5].endswith("/ 3"), row  # running peak 3: what 192 KV tokens admit
+    assert "## Spread within and across launches" in md and "launch means" in md
+    for h in ("What each launch ran", "own metrics at each configuration", "Spread within and across launches"):
+        assert h in html, h

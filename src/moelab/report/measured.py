@@ -33,6 +33,8 @@ def effective_table(trials: list[dict]) -> tuple[list[str], list[list[str]]]:
                 cells.append(f"asked {s.requested}; {NOT_REPORTED}" if s and s.requested else NOT_REPORTED)
             elif s.changed:
                 cells.append(f"**{s.describe()}**")
+            elif s.status == "resolved" and s.requested is not None:
+                cells.append(s.describe())  # `auto: ran grouped`
             else:
                 cells.append(s.ran)
         rows.append([str(t["id"]), t["label"], *cells])
@@ -79,7 +81,7 @@ def _ms(x) -> str:
     return "-" if x is None else f"{x:.1f}"
 
 
-def server_table(configs: dict, trials: list[dict]) -> list[list[str]]:
+def server_table(configs: dict, trials: list[dict], engine: str | None = None) -> list[list[str]]:
     """Per configuration at its primary point: the client's TTFT beside the server's own, ITL, the
     server's queue and KV cache, preemptions, and what bound the point."""
     rows = []
@@ -98,26 +100,62 @@ def server_table(configs: dict, trials: list[dict]) -> list[list[str]]:
                      f"{q['mean']:.1f} / {q['peak']:.0f}" if q else "-",
                      f"{kv['mean']:.0%} / {kv['peak']:.0%}" if kv else "-",
                      "-" if w.get("preemptions") is None else f"{w['preemptions']:.0f}",
-                     {"kv_cache": "KV cache full", "running": "running limit"}.get(w.get("bound"), "-")])
+                     {"kv_cache": "KV cache (no room for the next request)", "running": "running-request cap"}
+                     .get(bound_of(w, running_limit(t, engine)), "-")])
     return rows
 
 
-def capacity_lines(configs: dict, trials: list[dict]) -> list[str]:
+def running_limit(t: dict, engine: str | None) -> int | None:
+    """The cap on running requests this trial's launch set (the engine's own flag), None where not set."""
+    from moelab.engines import ENGINES
+
+    try:
+        flag = ENGINES.create(engine).running_limit_flag if engine else None
+    except (KeyError, ValueError):
+        flag = None
+    v = (t.get("flags") or {}).get(flag) if flag else None
+    try:
+        return int(v) if v is not None else None
+    except (TypeError, ValueError):
+        return None
+
+
+def bound_of(w: dict, cap: int | None) -> str | None:
+    """What held the server at a point: "kv_cache" (full, or requests queued while fewer ran than the
+    cap: the next request's KV reservation did not fit), "running" (queued at the cap, or the cap
+    unknown), None (nothing queued)."""
+    b = w.get("bound")
+    run = (w.get("running") or {}).get("peak")
+    if b == "running" and cap is not None and run is not None and run < cap and w.get("kv_usage"):
+        return "kv_cache"
+    return b
+
+
+def capacity_lines(configs: dict, trials: list[dict], engine: str | None = None) -> list[str]:
     """Advice: a configuration whose server was full at the measured point is bounded by capacity,
-    not by speed, and comparing its throughput with another's says little about their kernels."""
+    not by speed, and comparing its throughput with another's says little about their kernels.
+    A server that queued requests with fewer running than its cap was held by KV room for the next
+    request (an engine that reserves a request's whole length at admission shows a cache below 100%)."""
     out = []
     for c, t, p in _primary_of(configs, trials):
         w = p.get("server") or {}
-        if w.get("bound") == "kv_cache":
-            out.append(f"`{c['label']}` is capacity-bound at concurrency {p['concurrency']}, not slow: its KV cache was "
-                       f"full (peak {w['kv_usage']['peak']:.0%}) and the server queued up to "
-                       f"{(w.get('waiting') or {}).get('peak', 0):.0f} requests. More KV room (a higher memory "
-                       "fraction, a smaller context, an fp8 KV cache) admits more requests; its kernels are not "
-                       "what limits it here.")
-        elif w.get("bound") == "running":
-            out.append(f"`{c['label']}` ran at its running-request limit at concurrency {p['concurrency']} (up to "
-                       f"{w['waiting']['peak']:.0f} requests queued, KV cache peak "
-                       f"{(w.get('kv_usage') or {}).get('peak', 0):.0%}): raise the limit to measure it at this load.")
+        run, q, kv = w.get("running") or {}, w.get("waiting") or {}, w.get("kv_usage") or {}
+        cap = running_limit(t, engine)
+        at = f"at concurrency {p['concurrency']}"
+        bound = bound_of(w, cap)
+        if bound == "kv_cache":
+            out.append(f"`{c['label']}` is capacity-bound {at}, not slow: the server queued up to "
+                       f"{q.get('peak', 0):.0f} requests with at most {run.get('peak', 0):.0f} running"
+                       + (f" of its {cap} slots" if cap is not None else "")
+                       + f" and its KV cache {kv.get('peak', 0):.0%} reserved at the peak: the next request "
+                       "did not fit. More KV room (a higher memory fraction, a smaller context, an fp8 KV cache) "
+                       "admits more requests; its kernels are not what limits it here.")
+        elif bound == "running":
+            held = (f"its running-request cap ({cap})" if cap is not None
+                    else "its admission limit (the running-request cap, or KV room for the next request)")
+            out.append(f"`{c['label']}` ran at {held} {at}: at most {run.get('peak', 0):.0f} running, up to "
+                       f"{q.get('peak', 0):.0f} queued, KV cache peak {kv.get('peak', 0):.0%}. Raise the cap to "
+                       "measure it at this load; its throughput here is the cap's, not its kernels'.")
     for t in trials:
         for p in (t.get("metrics") or {}).get("points") or []:
             for f in p.get("findings") or []:
@@ -173,7 +211,7 @@ def markdown(data: dict) -> list[str]:
     notes = changed_lines(trials) + merged_lines(configs)
     if notes:
         out += [f"- {x}" for x in notes] + [""]
-    srv = server_table(configs, trials)
+    srv = server_table(configs, trials, (data["study"].get("spec") or {}).get("engine"))
     if srv and all(r[4] == "-" and r[3].startswith("- (") for r in srv):  # no server exported any
         out += ["## The server's own metrics", "", f"None: {srv[0][3][3:-1]}.", ""]
     elif srv:
@@ -181,7 +219,7 @@ def markdown(data: dict) -> list[str]:
                 "Client figures from moelab's load client; server figures from the engine's /metrics over the same "
                 "window (a server percentile is the edge of its histogram bucket, an upper bound).", ""]
         out += _table(SERVER_HEAD, srv)
-    cap = capacity_lines(configs, trials)
+    cap = capacity_lines(configs, trials, (data["study"].get("spec") or {}).get("engine"))
     if cap:
         out += [f"- {x}" for x in cap] + [""]
     if any(c.get("launches", 0) > 1 for c in data["ranked"]):
@@ -210,10 +248,10 @@ def html(data: dict) -> str:
     notes = changed_lines(trials) + merged_lines(configs)
     if notes:
         out += "<ul>" + "".join(f"<li>{escape(x.replace('`', ''))}</li>" for x in notes) + "</ul>"
-    srv = server_table(configs, trials)
+    srv = server_table(configs, trials, (data["study"].get("spec") or {}).get("engine"))
     if srv:
         out += "<h2>The server's own metrics at each configuration's primary point</h2>" + table(SERVER_HEAD, srv)
-    cap = capacity_lines(configs, trials)
+    cap = capacity_lines(configs, trials, (data["study"].get("spec") or {}).get("engine"))
     if cap:
         out += "<ul>" + "".join(f"<li>{escape(x.replace('`', ''))}</li>" for x in cap) + "</ul>"
     if any(c.get("launches", 0) > 1 for c in data["ranked"]):
