@@ -116,6 +116,9 @@ def test_a_study_under_max_concurrency_at_slo_ranks_by_capacity(tmp_path):
         md = render(build(st))
         trials = st.trials()
     assert "concurrent requests within the SLO (p90)" in md and "Decided by the objective `max_concurrency_at_slo`" in md
+    assert "best first by concurrent requests" in md and "## Capacity under the SLO, as searched" in md
+    assert any(x.startswith("- Trial") and "max-running-requests=2`" in x and x.endswith("capacity 2.")
+               for x in md.splitlines()), md
     two = next(t for t in trials if t["flags"].get("--max-running-requests") == 2 and t["stage"] == "screen")
     assert two["metrics"]["objective"] == {"name": "max_concurrency_at_slo", "values": [2]}
     searched = [t for t in trials if (t.get("metrics") or {}).get("search")]

@@ -12,7 +12,7 @@ from html import escape
 from moelab.report import measured
 from moelab.report.build import COLOURS, failures_text
 from moelab.report.svg import tradeoff
-from moelab.study.ranking import interval_text, objective_text, primary, tie_sentence
+from moelab.study.ranking import OBJECTIVES, interval_text, objective_text, primary, tie_sentence
 
 CSS = """li.budget{color:#b00;font-weight:bold}
 
@@ -126,7 +126,7 @@ def _gated(configs: dict) -> str:
             "<th>output tok/s</th><th>accuracy</th><th>why</th></tr>" + "".join(rows) + "</table>")
 
 
-def _ranked(ranked: list[dict], picked: str | None = None) -> str:
+def _ranked(ranked: list[dict], picked: str | None = None, objective: str = "throughput") -> str:
     if not ranked:
         return ""
     hi = max(c["high"] for c in ranked) or 1
@@ -141,7 +141,9 @@ def _ranked(ranked: list[dict], picked: str | None = None) -> str:
         rows.append(f"<tr><td>{escape(c['label'])}{mark}</td><td class='num'>{c['mean']:.1f}</td>"
                     f"<td class='num'>{ci}</td><td class='num'>{len(c['samples'])}</td>"
                     f"<td class='num'>{acc}</td><td>{bar}</td></tr>")
-    return ("<h2>Configurations that work, fastest first</h2><table><tr><th>configuration</th><th>output tok/s</th>"
+    unit = OBJECTIVES[objective]
+    order = "fastest first" if objective == "throughput" else f"best first by {unit}"
+    return (f"<h2>Configurations that work, {escape(order)}</h2><table><tr><th>configuration</th><th>{escape(unit)}</th>"
             "<th>95% CI</th><th>n</th><th>accuracy</th><th>interval</th></tr>" + "".join(rows) + "</table>")
 
 
@@ -204,7 +206,7 @@ def render(data: dict) -> str:
             + ("" if s["spec"].get("strategy") == "bisect" else _rec(data["recommendation"], data["slo"])) + _bisect((s.get("extra") or {}).get("bisect"))
             + f"<div class='legend'>{causes}</div>" + _search(data.get("search") or []) + _matrix(data["matrix"])
             + "<h2>Throughput and latency</h2><div class='card'>" + tradeoff(data["curves"], data["pareto"]) + "</div>"
-            + _ranked(data["ranked"], (data["recommendation"] or {}).get("label")) + _gated(data["configs"])
+            + _ranked(data["ranked"], (data["recommendation"] or {}).get("label"), data.get("objective") or "throughput") + _gated(data["configs"])
             + (f"<p class='muted'>{escape(measured.objective_line(data['recommendation'], s).replace('`', ''))}</p>"
                if data["recommendation"] else "") + measured.html(data)
             + f"<h2>Trials</h2>{trials}</main></body></html>\n")

@@ -85,7 +85,8 @@ def render(data: dict) -> str:
     if data["ranked"]:
         acc = any(c.get("accuracy") is not None for c in data["configs"].values())
         unit = OBJECTIVES[data.get("objective") or "throughput"]
-        out += ["## Configurations that work, fastest first", "",
+        out += ["## Configurations that work, " + ("fastest first" if unit == OBJECTIVES["throughput"]
+                                                    else f"best first by {unit}"), "",
                 f"| configuration | {unit} | 95% CI | n |" + (" accuracy |" if acc else ""),
                 "|---|---:|---|---:|" + ("---:|" if acc else "")]
         picked = rec["label"] if rec else None

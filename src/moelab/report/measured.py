@@ -164,6 +164,21 @@ def capacity_lines(configs: dict, trials: list[dict], engine: str | None = None)
     return out
 
 
+def search_lines(trials: list[dict]) -> list[str]:
+    """Per launch searched for its capacity under the SLO (objective max_concurrency_at_slo): each
+    concurrency tried, in the order tried, met or broken and why; the capacity it found."""
+    out = []
+    for t in sorted(trials, key=lambda t: t["id"]):
+        m = t.get("metrics") or {}
+        for i, steps in enumerate(m.get("search") or []):
+            tried = ", ".join(f"{st['concurrency']:g} " + ("met" if st["met"] else f"broke it ({'; '.join(st['why'])})")
+                              for st in steps)
+            got = ((m.get("objective") or {}).get("values") or [None] * (i + 1))[i]
+            out.append(f"Trial {t['id']} `{t['label']}`" + (f" search {i + 1}" if len(m["search"]) > 1 else "")
+                       + f": {tried}; capacity {'none' if not got else f'{got:g}'}.")
+    return out
+
+
 def spread_table(ranked: list[dict]) -> list[list[str]]:
     """Per ranked configuration: launches, the spread within a launch and across launches (CV), and
     what the interval is over."""
@@ -222,6 +237,11 @@ def markdown(data: dict) -> list[str]:
     cap = capacity_lines(configs, trials, (data["study"].get("spec") or {}).get("engine"))
     if cap:
         out += [f"- {x}" for x in cap] + [""]
+    searched = search_lines(trials)
+    if searched:
+        out += ["## Capacity under the SLO, as searched", "",
+                "Each launch doubled the concurrency until the SLO broke (at p90), then bisected; the highest "
+                "concurrency that met it is the launch's capacity.", ""] + [f"- {x}" for x in searched] + [""]
     if any(c.get("launches", 0) > 1 for c in data["ranked"]):
         out += ["## Spread within and across launches", "",
                 "Finalists run again in separate launches: the interval is over launch means where there are "
@@ -254,6 +274,10 @@ def html(data: dict) -> str:
     cap = capacity_lines(configs, trials, (data["study"].get("spec") or {}).get("engine"))
     if cap:
         out += "<ul>" + "".join(f"<li>{escape(x.replace('`', ''))}</li>" for x in cap) + "</ul>"
+    searched = search_lines(trials)
+    if searched:
+        out += ("<h2>Capacity under the SLO, as searched</h2><ul>"
+                + "".join(f"<li>{escape(x.replace('`', ''))}</li>" for x in searched) + "</ul>")
     if any(c.get("launches", 0) > 1 for c in data["ranked"]):
         out += "<h2>Spread within and across launches</h2>" + table(SPREAD_HEAD, spread_table(data["ranked"]))
     return out
