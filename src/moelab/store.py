@@ -267,10 +267,13 @@ class Store:
 
     def verdict_for(self, key: str, exclude_study: int, need_metrics: bool, stage: str = "") -> dict | None:
         """A launched trial from another study with the exact same key (reused unless --rerun),
-        from the same stage when there is one (so one measurement is not reused for two stages)."""
+        from the same stage when there is one (so one measurement is not reused for two stages), and
+        never a measurement this study reused already: a finalist's separate launches stay separate
+        measurements (another stored one, or a new launch), not one measurement counted twice."""
         q = ("SELECT * FROM trials WHERE key=? AND study_id!=? AND status='done' AND (cause!='ok' OR ?=0 OR "
-             "metrics IS NOT NULL) ORDER BY stage=? DESC, id DESC LIMIT 1")
-        r = self.db.execute(q, (key, exclude_study, int(need_metrics), stage)).fetchone()
+             "metrics IS NOT NULL) AND NOT (cause='ok' AND id IN (SELECT reused_from FROM trials WHERE study_id=? "
+             "AND reused_from IS NOT NULL)) ORDER BY stage=? DESC, id DESC LIMIT 1")
+        r = self.db.execute(q, (key, exclude_study, int(need_metrics), exclude_study, stage)).fetchone()
         return self._trial(r) if r else None
 
     def trials(self, study_id: int | None = None, all_status: bool = True) -> list[Trial]:
