@@ -124,7 +124,7 @@ def capacity_sentence(cap) -> str:
     if cap.answer is None:
         lowest = min(cap.steps, key=lambda s: s.value) if cap.steps else None
         return (f"no {what} meets {lim} at p{cap.percentile:g}: the lowest tried, {lowest.value:g}{unit}, broke it "
-                f"({'; '.join(lowest.why)})" if lowest else f"no load point ran")
+                f"({'; '.join(lowest.why)})" if lowest else "no load point ran")
     out = (f"max {what} meeting {lim} at p{cap.percentile:g}: {cap.answer:g}{unit} (goodput "
            f"{_f(cap.goodput, 2)} req/s, {_f(cap.output_tps, 0)} output tok/s)")
     if cap.broke_next is not None:
