@@ -7,7 +7,8 @@ import importlib
 import pytest
 
 MODULES = ["moelab.formats", "moelab.study.attribute", "moelab.study.search", "moelab.study.file", "moelab.diagnose.tailor",
-           "moelab.engines.check", "moelab.study.executors.local"]
+           "moelab.engines.check", "moelab.study.executors.local", "moelab.engines.effective",
+           "moelab.load.server_metrics", "moelab.load.capacity"]
 
 
 @pytest.mark.parametrize("name", MODULES)

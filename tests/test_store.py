@@ -42,6 +42,26 @@ def test_resume_marks_interrupted_and_keeps_finished(tmp_path):
         assert st.verdict_for("k1", exclude_study=sid + 1, need_metrics=True)["id"] == done["id"]
 
 
+def test_one_stored_measurement_is_reused_once_per_study(tmp_path):
+    # a finalist measured in two separate launches: a later study reuses two stored launches, never
+    # one launch twice; with none left it launches again
+    ok = {"cause": "ok", "phase": "load", "evidence": []}
+    with Store(tmp_path / "s.db") as st:
+        old, _ = st.open_study("old", {"strategy": "grid", "x": 1}, FP)
+        first = [st.begin_trial(old, **_row(stage="final", rep=i)) for i in range(2)]
+        for t in first:
+            st.finish_trial(t, status="done", verdict=ok, metrics={"points": [{"concurrency": 1, "output_tps": 10.0}]})
+        new, _ = st.open_study("new", {"strategy": "grid", "x": 2}, FP)
+        got = []
+        for i in range(3):
+            r = st.verdict_for("k1", exclude_study=new, need_metrics=True, stage="final")
+            got.append(r and r["id"])
+            t = st.begin_trial(new, **_row(stage="final", rep=i))
+            if r:
+                st.finish_trial(t, status="reused", verdict=ok, metrics=r["metrics"], reused_from=r["id"])
+    assert sorted(got[:2]) == sorted(first) and got[2] is None
+
+
 def test_key_depends_on_what_a_verdict_depends_on():
     k = trial_key("vllm", {"engine_version": "0.9", "gpu": "H200", "driver": "580"}, "m", ["--a", "1"], {})
     assert k == trial_key("vllm", {"engine_version": "0.9", "gpu": "H200", "driver": "580", "other": 1}, "m", ["--a", "1"], {})

@@ -39,12 +39,12 @@ CREATE TABLE IF NOT EXISTS trials (
   engine TEXT, model TEXT, changes TEXT NOT NULL, flags TEXT NOT NULL, args TEXT NOT NULL, env TEXT NOT NULL,
   fingerprint TEXT NOT NULL, status TEXT NOT NULL, cause TEXT, phase TEXT, verdict TEXT,
   metrics TEXT, samples TEXT, telemetry TEXT, paths TEXT, command TEXT, reused_from INTEGER,
-  started REAL NOT NULL, finished REAL);
+  started REAL NOT NULL, finished REAL, effective TEXT);
 CREATE INDEX IF NOT EXISTS trials_key ON trials(key, status);
 CREATE INDEX IF NOT EXISTS trials_study ON trials(study_id, stage, key, rep);
 """
 JSON_COLS = ("changes", "flags", "args", "env", "fingerprint", "verdict", "metrics", "samples", "telemetry",
-             "paths", "command")
+             "paths", "command", "effective")  # effective: what the engine's log says it ran (engines/effective.py)
 # Columns an import may set (never taken from the imported document's own keys: it is untrusted).
 TRIAL_COLS = ("seq", "stage", "rep", "label", "key", "engine", "model", *JSON_COLS, "status", "cause", "phase",
               "reused_from", "started", "finished")
@@ -145,6 +145,8 @@ class Store:
                              "--store` wrote, or a new path to start one") from None
         if "extra" not in cols:  # a store written before strategy results were kept
             self.db.execute("ALTER TABLE studies ADD COLUMN extra TEXT")
+        if "effective" not in {r["name"] for r in self.db.execute("PRAGMA table_info(trials)")}:
+            self.db.execute("ALTER TABLE trials ADD COLUMN effective TEXT")  # written before it was read
 
     def close(self) -> None:
         self.unlock()
@@ -248,12 +250,14 @@ class Store:
 
     def finish_trial(self, trial_id: int, *, status: str, verdict: dict, metrics: dict | None = None,
                      samples: list | None = None, telemetry: dict | None = None, paths: dict | None = None,
-                     command: list[str] | None = None, reused_from: int | None = None) -> None:
+                     command: list[str] | None = None, reused_from: int | None = None,
+                     effective: dict | None = None) -> None:
         self.db.execute(
             "UPDATE trials SET status=?, cause=?, phase=?, verdict=?, metrics=?, samples=?, telemetry=?, paths=?, "
-            "command=?, reused_from=?, finished=? WHERE id=?",
+            "command=?, reused_from=?, finished=?, effective=? WHERE id=?",
             (status, verdict.get("cause"), verdict.get("phase"), self._dump(verdict), self._dump(metrics), self._dump(samples),
-             self._dump(telemetry), self._dump(paths), self._dump(command), reused_from, time.time(), trial_id))
+             self._dump(telemetry), self._dump(paths), self._dump(command), reused_from, time.time(),
+             self._dump(effective), trial_id))
 
     def done_trial(self, study_id: int, stage: str, key: str, rep: int) -> dict | None:
         """This study's finished trial for (stage, key, rep): what a resume reuses."""
@@ -263,10 +267,13 @@ class Store:
 
     def verdict_for(self, key: str, exclude_study: int, need_metrics: bool, stage: str = "") -> dict | None:
         """A launched trial from another study with the exact same key (reused unless --rerun),
-        from the same stage when there is one (so one measurement is not reused for two stages)."""
+        from the same stage when there is one (so one measurement is not reused for two stages), and
+        never a measurement this study reused already: a finalist's separate launches stay separate
+        measurements (another stored one, or a new launch), not one measurement counted twice."""
         q = ("SELECT * FROM trials WHERE key=? AND study_id!=? AND status='done' AND (cause!='ok' OR ?=0 OR "
-             "metrics IS NOT NULL) ORDER BY stage=? DESC, id DESC LIMIT 1")
-        r = self.db.execute(q, (key, exclude_study, int(need_metrics), stage)).fetchone()
+             "metrics IS NOT NULL) AND NOT (cause='ok' AND id IN (SELECT reused_from FROM trials WHERE study_id=? "
+             "AND reused_from IS NOT NULL)) ORDER BY stage=? DESC, id DESC LIMIT 1")
+        r = self.db.execute(q, (key, exclude_study, int(need_metrics), exclude_study, stage)).fetchone()
         return self._trial(r) if r else None
 
     def trials(self, study_id: int | None = None, all_status: bool = True) -> list[Trial]:

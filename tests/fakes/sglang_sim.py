@@ -14,7 +14,11 @@ What it does, in SGLang's own words where SGLang has them:
   - under load: moe=triton with attention=flashinfer dies of an illegal memory access once 48
     requests run together, and never at low load;
   - speed: continuous batching with a step time set by the three backends and the batch size;
-    a decode batch above --cuda-graph-max-bs runs eagerly, slower.
+    a decode batch above --cuda-graph-max-bs runs eagerly, slower;
+  - what ran: like SGLang it logs its server arguments once, its own resolution applied (SGLang's
+    `server_args=ServerArgs(...)` line): `auto` is flashinfer_cutlass here, and `triton_kernel`,
+    a runner with no NVFP4 kernel, silently runs flashinfer_cutlass too: no warning, no error, as
+    sglang#36395 reports of bench_one_batch and --moe-runner-backend.
 
 `performance(flags, concurrency)` is the same model as a pure function: the steady-state output
 rate of continuous batching at that many concurrent requests (the server admits a waiting request
@@ -35,7 +39,13 @@ import sys
 import time
 
 MOE = {"auto": 0.85, "triton": 1.0, "deep_gemm": 0.92, "flashinfer_trtllm": None, "flashinfer_cutlass": 0.85,
-       "flashinfer_cutedsl": None, "cutlass": 0.95, "marlin": 1.3}  # None: refused on sm_90
+       "flashinfer_cutedsl": None, "cutlass": 0.95, "marlin": 1.3, "triton_kernel": 0.85}  # None: refused on sm_90
+RAN = {"auto": "flashinfer_cutlass", "triton_kernel": "flashinfer_cutlass"}  # what a request of these runs here
+
+
+def ran(moe: str) -> str:
+    """The MoE runner a --moe-runner-backend value really runs (the server_args line says it)."""
+    return RAN.get(moe, moe)
 FP4 = {"auto": 1.0, "flashinfer_cutlass": 1.0, "flashinfer_trtllm": None, "flashinfer_cudnn": 0.9, "cutlass": 0.96}
 ATTN = {"fa3": 0.9, "flashinfer": 1.0, "triton": 1.15, "trtllm_mha": None}
 # The gates' wordings are real ones (docs/research/moe-backends-and-failures.md §1.3 and the
@@ -247,7 +257,7 @@ async def serve(a: argparse.Namespace) -> None:
 def main() -> None:
     a = flags_of()
     print(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] server_args=ServerArgs(model_path='{a.model_path}', "
-          f"moe_runner_backend='{a.moe_runner_backend}', fp4_gemm_backend='{a.fp4_gemm_backend}', "
+          f"moe_runner_backend='{ran(a.moe_runner_backend)}', fp4_gemm_runner_backend='{a.fp4_gemm_backend}', "
           f"attention_backend='{a.attention_backend}', mem_fraction_static={a.mem_fraction_static}, "
           f"cuda_graph_max_bs={a.cuda_graph_max_bs})", flush=True)
     log("Load weight begin. avail mem=78.50 GB")

@@ -110,7 +110,8 @@ def launch(
     v = res.verdict
     if json_out:
         typer.echo(verdict_json(v, hide, url=res.url, model=res.model, timings=res.timings,
-                                telemetry=res.telemetry, paths=res.paths, command=res.command))
+                                telemetry=res.telemetry, paths=res.paths, command=res.command,
+                                effective=res.effective.model_dump() if res.effective else None))
     else:
         t = res.timings
         footer = [f"trial folder: {res.paths.get('dir')}"]
@@ -118,6 +119,9 @@ def launch(
             footer.insert(0, f"died {v.detail['died_after_s']:.1f} s after launch, log phase {v.detail.get('log_phase')}")
         if "ready_s" in t:
             footer.insert(0, f"ready in {t['ready_s']:.1f} s at {res.url} (model {res.model})")
+        if res.effective is not None and res.effective.reported:
+            footer.insert(0, "engine ran: " + ", ".join(f"{x.name.replace('_', ' ')} {x.ran}"
+                                                       for x in res.effective.reported))
         peak = res.telemetry.get("peak_rss_bytes")
         if peak:
             footer.insert(0, f"peak host RSS of the tree {size(peak)}")

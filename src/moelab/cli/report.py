@@ -26,11 +26,11 @@ def report(
     except (FileNotFoundError, ValueError, StoreError) as e:
         fail(str(e))
     if json_out:
-        keep = ("recommendation", "ranked", "matrix", "pareto", "causes", "slo")
+        keep = ("recommendation", "ranked", "matrix", "pareto", "causes", "slo", "objective")
         emit_json({"study": {k: data["study"][k] for k in ("id", "name", "status", "fingerprint")},
                    **{k: data[k] for k in keep}, "html": str(html) if html else None, "md": str(md) if md else None,
                    "trials": [{k: t[k] for k in ("id", "stage", "rep", "label", "status", "cause", "phase", "flags",
-                                                 "verdict", "metrics", "paths", "command")} for t in data["trials"]]})
+                                                 "verdict", "metrics", "paths", "command", "effective")} for t in data["trials"]]})
         return
     if not html and not md:
         console.print(markdown.render(data), markup=False, highlight=False, soft_wrap=True)

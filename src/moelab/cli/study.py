@@ -74,8 +74,11 @@ def print_summary(summary: dict) -> None:
         pass  # a bisect explains a failure; it recommends nothing
     elif rec:
         tie = f"  [yellow]tie with {escape(', '.join(t['label'] for t in rec['tie']))}[/]" if rec["tie"] else ""
-        console.print(f"[bold green]recommended:[/] {escape(rec['label'])}: {rec['output_tps']:.1f} output tok/s "
-                      f"(95% CI {rec['ci95'][0]:.1f}-{rec['ci95'][1]:.1f}, n={rec['n']}){tie}")
+        from moelab.study.ranking import interval_text, objective_text
+
+        same = f"  (also ran for {escape(', '.join(rec['same_as']))})" if rec.get("same_as") else ""
+        console.print(f"[bold green]recommended:[/] {escape(rec['label'])}: {escape(objective_text(rec))} "
+                      f"({interval_text(rec)}){tie}{same}")
         console.print(f"  {rec['command']}", soft_wrap=True, markup=False)
     else:
         console.print("[bold red]no configuration worked under the SLOs[/]: see the trials' verdicts")

@@ -165,6 +165,8 @@ def _build(cfg: ServerConfig, mc: ModelConfig, res: Resolved, link, t0: float) -
         return None, info  # type: ignore[return-value]
     held = sum(t.nbytes for t in dense.values()) + info["expert_bytes"]  # before the model aliases any
     model = Qwen3Moe(mc, dense, experts, RUNNERS.create(res.backend), par, rank)
+    # what the decode attention and the KV cache really are (read back as the effective configuration)
+    phase("config", f"attention={'triton' if model.kernels else 'torch_sdpa'} kv_cache_dtype={res.dtype}")
     capacity = cfg.max_total_tokens or cfg.max_running_requests * mc.max_position_embeddings
     engine = Engine(model, tok, Scheduler(cfg.max_running_requests, capacity, cfg.max_queued_requests), cfg.seed)
     kv_held = sum(k.nbytes + v.nbytes for k, v in engine.kv)
@@ -212,6 +214,7 @@ def capture_graphs(cfg: ServerConfig, engine: Engine) -> list[int]:
     """Capture the decode step in CUDA graphs where every kernel allows it; the sizes captured."""
     model = engine.model
     if model.device.type != "cuda":
+        phase("cuda_graph", f"off: CUDA graphs need a CUDA device, this is {model.device.type}")
         return []
     why = ("--disable-cuda-graph" if cfg.disable_cuda_graph
            else "the Triton decode attention cannot run (no triton, or a head size it does not take)"

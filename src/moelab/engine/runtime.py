@@ -60,11 +60,12 @@ class Engine:
                       "decode_tokens": 0, "generated_tokens": 0, "max_batch": 0, "busy_s": 0.0, "finished": 0,
                       "nonfinite_steps": 0, "error": None}
         self.batch_hist: Counter[int] = Counter()  # running sequences per step -> steps
+        self.metrics = None  # engine/metrics.EngineMetrics once a server exports them (after warm-up)
 
     def submit(self, seq: Sequence, stream: bool = False) -> None:
         """Queue a sequence (raises ValueError when it can never fit, Overloaded when the queue is full)."""
         seed = seq.params.seed if seq.params.seed is not None else self._rng.getrandbits(63)
-        seq.extra.update(stream=stream, text=TextStream(self.tok, seq.params.stop), logprobs=[],
+        seq.extra.update(stream=stream, text=TextStream(self.tok, seq.params.stop), logprobs=[], t_submit=time.perf_counter(),
                          generator=torch.Generator(device=self.model.device).manual_seed(seed))
         self.sched.add(seq)
 
@@ -105,6 +106,8 @@ class Engine:
         if not prefill:  # pure decode steps: what the decode roofline is compared with
             st["decode_steps"] += 1
             st["decode_busy_s"] += dt
+        if self.metrics is not None:
+            self.metrics.step(dt, decode_only=not prefill)
         return len(seqs)
 
     def forward_step(self, prefill: list[Sequence], decode: list[Sequence]) -> torch.Tensor | None:
@@ -125,6 +128,8 @@ class Engine:
         # (token, logprob, top, character offset of the token in the text) -- the offset only when asked
         off = len(self.tok.decode(seq.output_ids[:-1])) if p.logprobs is not None else 0
         entry = (ch.token, ch.logprob, ch.top, off)
+        if n == 1 and self.metrics is not None:
+            self.metrics.first_token(time.perf_counter() - seq.extra["t_submit"])
         seq.extra["logprobs"].append(entry)
         reason = None
         ids = seq.output_ids

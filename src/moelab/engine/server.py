@@ -1,6 +1,7 @@
 """The OpenAI-compatible HTTP server (aiohttp) in front of the engine loop.
 
-Routes: GET /health, /version, /v1/models, /stats (the engine's step counters and batch sizes);
+Routes: GET /health, /version, /v1/models, /stats (the engine's step counters and batch sizes),
+/metrics (Prometheus text: running and waiting requests, KV cache use, tokens, TTFT, decode steps);
 POST /v1/completions, /v1/chat/completions (streaming SSE or not). With `--api-key` every route
 but /health wants `Authorization: Bearer KEY` (401 otherwise), as vLLM and SGLang do. Each request becomes one
 `Sequence` per prompt; the engine thread hands events back through one `call_soon_threadsafe`
@@ -54,6 +55,9 @@ class Server:
         self.api_key = api_key
         self.ctx = engine.context_len
         self.created = P.now()
+        from moelab.engine.metrics import EngineMetrics
+
+        self.metrics = engine.metrics = EngineMetrics(engine, model_name)
 
     def app(self) -> web.Application:
         middlewares = [_json_http_errors] + ([_require_key(self.api_key)] if self.api_key else [])
@@ -62,6 +66,7 @@ class Server:
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/stats", self.stats)
+        app.router.add_get("/metrics", self.prometheus)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_post("/v1/chat/completions", self.chat)
         app.on_startup.append(self._on_startup)
@@ -103,6 +108,9 @@ class Server:
                                   **{k: self.info[k] for k in ("resolved", "kv_cache_tokens", "model_config", "expert_bytes",
                                                                 "cuda_graph_batch_sizes", "parallel", "memory")
                                      if k in self.info}})
+
+    async def prometheus(self, request: web.Request) -> web.Response:
+        return web.Response(body=self.metrics.render(), headers={"Content-Type": self.metrics.content_type})
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=False)

@@ -106,6 +106,9 @@ class EngineAdapter(ABC):
     refuses_short_kv: ClassVar[bool] = False
     # which flag selects which kind of backend (the support matrix's kinds), in the engine's names
     kind_flags: ClassVar[dict[str, str]] = {}
+    # the flag that caps how many requests run at once (None: the engine has none moelab knows); the
+    # report tells a point held by that cap from one held by KV room for the next request
+    running_limit_flag: ClassVar[str | None] = None
 
     def model_args(self, model: str | None) -> list[str]:
         """The engine's own argument(s) that pass `model` (a path, a hub name or a preset)."""

@@ -14,6 +14,7 @@ from moelab.spec import LaunchSpec
 
 class EmbeddedAdapter(EngineAdapter):
     name: ClassVar[str] = "embedded"
+    running_limit_flag: ClassVar[str | None] = "--max-running-requests"
 
     def command(self, spec: LaunchSpec, port: int) -> tuple[list[str], dict[str, str]]:
         args = list(spec.args)

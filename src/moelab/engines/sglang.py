@@ -59,6 +59,7 @@ def _strip_prefix(args: list[str]) -> list[str]:
 
 class SglangAdapter(CataloguedAdapter):
     name: ClassVar[str] = "sglang"
+    running_limit_flag: ClassVar[str | None] = "--max-running-requests"
     kind_flags: ClassVar[dict[str, str]] = {
         "--moe-runner-backend": "moe_runner", "--fp4-gemm-backend": "fp4_gemm", "--fp8-gemm-backend": "fp8_gemm",
         "--attention-backend": "attention", "--prefill-attention-backend": "attention",

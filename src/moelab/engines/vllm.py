@@ -69,6 +69,7 @@ def _strip_prefix(args: list[str]) -> list[str]:
 
 class VllmAdapter(CataloguedAdapter):
     name: ClassVar[str] = "vllm"
+    running_limit_flag: ClassVar[str | None] = "--max-num-seqs"
     refuses_short_kv: ClassVar[bool] = True
     kind_flags: ClassVar[dict[str, str]] = {"--moe-backend": "moe_runner", "--attention-backend": "attention",
                                             "--attention-config.backend": "attention"}

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, Field
 
+from moelab.engines.effective import Effective
 from moelab.secrets import MASK, Secrets, secret_name
 from moelab.spec import LaunchSpec, Verdict
 
@@ -32,6 +33,7 @@ class LaunchResult(BaseModel):
     telemetry: dict = Field(default_factory=dict)  # Sampler.summary() plus the cgroup note
     paths: dict[str, str] = Field(default_factory=dict)  # log, telemetry, verdict, repro, dir
     command: list[str] = Field(default_factory=list)  # masked
+    effective: Effective | None = None  # what the engine's log says it ran, beside what was asked
 
     @property
     def ok(self) -> bool:
@@ -86,10 +88,21 @@ def new_trial_dir(out: Path | None) -> Path:
     return out
 
 
+def effective_evidence(eff: Effective | None) -> list:
+    """One evidence line per setting the engine replaced or refused: the verdict says so."""
+    from moelab.spec import Evidence
+
+    return [Evidence(kind="effective", text=f"{s.name.replace('_', ' ')} {s.flag or ''}: {s.describe()}",
+                     line=s.line, source=s.source) for s in (eff.changed if eff else [])]
+
+
 def finish(d: Path, v: Verdict, notes: list[str], *, url: str | None, model: str | None, timings: dict,
-           telemetry: dict, launched: bool, argv: list[str], secrets: Secrets) -> LaunchResult:
+           telemetry: dict, launched: bool, argv: list[str], secrets: Secrets,
+           effective: Effective | None = None) -> LaunchResult:
     """The LaunchResult of a trial, with verdict.json written; secrets masked in both."""
     v = Verdict.model_validate(secrets.data({**v.model_dump(mode="json"),
+                                             "evidence": [*v.model_dump(mode="json")["evidence"],
+                                                          *(e.model_dump() for e in effective_evidence(effective))],
                                              "detail": {**v.detail, "notes": list(notes)}}))
     paths = {"dir": str(d)}
     if launched:
@@ -97,6 +110,7 @@ def finish(d: Path, v: Verdict, notes: list[str], *, url: str | None, model: str
     paths["verdict"] = str(d / "verdict.json")
     res = LaunchResult(verdict=v, url=url, model=model, telemetry=telemetry, paths=paths,
                        timings={k: round(t, 3) for k, t in timings.items() if t is not None},
-                       command=secrets.argv(argv))
+                       command=secrets.argv(argv),
+                       effective=Effective.model_validate(secrets.data(effective.model_dump())) if effective else None)
     write_verdict(d / "verdict.json", res, secrets)
     return res

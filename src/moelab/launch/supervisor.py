@@ -410,11 +410,18 @@ class Supervisor:
         if v.advice:  # never advise the value this launch already used
             v = v.model_copy(update={"advice": tailor(v.advice, self.spec.args)})
         self.result = folder.finish(self.dir, v, self.notes, url=self.url, model=self.model, timings=self.timings,
+                                   effective=self.effective() if self.log is not None else None,
                                    telemetry={**(self.sampler.summary() if self.sampler else {}),
                                               "cgroup": self.cgroup.note if self.cgroup else None},
                                    launched=self.proc is not None, argv=getattr(self, "argv", []),
                                    secrets=getattr(self, "secrets", folder.Secrets()))
         return self.result
+
+    def effective(self):
+        """What the engine's log says this launch ran (engines/effective.py), beside what was asked."""
+        from moelab.engines import effective
+
+        return effective.read(self.log.snapshot(), self.spec.args, self.adapter.name)
 
     def _final_ok(self) -> Verdict:
         return verdicts.ready(self.phase, self.notes) if self._ready else verdicts.not_judged(self.phase)

@@ -21,6 +21,7 @@ from typing import Callable
 from pydantic import BaseModel, Field
 
 from moelab.load import prompts as P
+from moelab.load import server_metrics
 from moelab.load.client import Endpoint, Sample, clock_offset, open_socket, send
 from moelab.load.stats import Dist, Metrics, achieved_concurrency, dist, summarize, validity
 from moelab.load.workload import Workload
@@ -44,6 +45,8 @@ class LoadResult(BaseModel):
     delivered: dict[str, float] = Field(default_factory=dict)  # achieved rate / concurrency
     prompt_len_source: str = ""
     correctness: Verdict | None = None  # the under-load probe's verdict (None: no probe prompts)
+    server: server_metrics.ServerWindow | None = None  # the server's own /metrics over this point
+    findings: list[str] = Field(default_factory=list)  # what the server's figures say beside the client's
 
 
 def alive(base_url: str, timeout_s: float = 5.0, api_key: str | None = None) -> bool:
@@ -183,9 +186,11 @@ def run_load(base_url: str, workload: Workload, *, model: str | None = None, ref
         bar.start()
     # The garbage collector would pause the loop for milliseconds in the middle of a stream and
     # shift every timestamp behind the pause; the run's objects are freed by refcounting anyway.
+    scraper = server_metrics.Scraper(base_url, w.scrape_s, api_key).start() if w.scrape_s else None
     gc.collect()
     gc_was = gc.isenabled()
     gc.disable()
+    t_load = time.monotonic()
     try:
         samples, lags = asyncio.run(_drive(Endpoint(base_url, api_key), w, reqs,
                                            (lambda: bar.advance(task)) if bar else (lambda: None)))
@@ -194,6 +199,9 @@ def run_load(base_url: str, workload: Workload, *, model: str | None = None, ref
             gc.enable()
         if bar:
             bar.stop()
+        if scraper is not None:
+            scraper.mark(t_load, time.monotonic())
+    server = scraper.stop() if scraper is not None else None
     up = alive(base_url, api_key=api_key)
     metrics = summarize(samples, w.slo, None if w.dataset else w.input_len)
     reasons = validity(samples, w, lags, up)
@@ -201,9 +209,11 @@ def run_load(base_url: str, workload: Workload, *, model: str | None = None, ref
     starts = sorted(s.start for s in samples)
     if len(starts) > 1 and starts[-1] > starts[0]:
         delivered["request_rate"] = (len(starts) - 1) / (starts[-1] - starts[0])
+    tokens = sum(s.output_tokens or 0 for s in samples if s.ok)
     return LoadResult(workload=w, base_url=base_url, model=model, samples=samples, metrics=metrics,
                       valid=not reasons, invalid_reasons=reasons, loop_lag_ms=dist(lags), delivered=delivered,
-                      prompt_len_source=source, correctness=_judge_probes(samples, reqs, ref, w))
+                      prompt_len_source=source, correctness=_judge_probes(samples, reqs, ref, w), server=server,
+                      findings=server_metrics.findings(server, w.label, metrics.ttft_ms.mean, tokens))
 
 
 def sweep(base_url: str, workload: Workload, points: list[float], *, by: str = "concurrency",

@@ -39,6 +39,7 @@ class Workload(BaseModel):
     weight_format: str | None = None  # tolerance for the under-load probe comparison
     timeout_s: float = 300.0  # per request
     tokenizer: Path | None = None  # tokenizer.json for exact synthetic prompt lengths
+    scrape_s: float | None = 0.5  # scrape the server's /metrics this often during the point (None: never)
     # validity thresholds (the run is marked invalid past them)
     max_error_rate: float = 0.0
     max_loop_lag_ms: float = 10.0  # p99 of the client's own event-loop lag, when arrivals are stamped

@@ -128,6 +128,10 @@ def build(store, study_id: int | None = None) -> dict:
     slo = (s["spec"].get("slo") or {})
     finished = [t for t in trials if t["status"] in ("done", "reused")]
     cv = curves(finished, {k for k, v in (s["spec"].get("axes") or {}).items() if isinstance(v, list)})
+    obj = s["spec"].get("objective") or "throughput"
+    configs = ranking.by_config(finished, slo, obj)
+    merged = {x for c in configs.values() for x in c.get("same_as", [])}  # ran as another configuration
+    cv = [c for c in cv if c["points"][0]["label"] not in merged]
     points = [p for c in cv for p in c["points"]]
     counts: dict[str, int] = {}
     for t in trials:
@@ -135,6 +139,7 @@ def build(store, study_id: int | None = None) -> dict:
             counts[t["cause"]] = counts.get(t["cause"], 0) + 1
     base = s["spec"].get("base") or {}
     bisect = s["spec"].get("strategy") == "bisect"  # a bisect explains one failure; it recommends nothing
-    return {"study": s, "trials": trials, "recommendation": None if bisect else ranking.recommend(finished, slo, base),
-            "ranked": ranking.ranked(finished, slo, base), "configs": ranking.by_config(finished, slo), "slo": slo,
+    return {"study": s, "trials": trials, "recommendation": None if bisect else ranking.recommend(finished, slo, base, obj),
+            "ranked": ranking.ranked(finished, slo, base, obj), "configs": configs, "slo": slo,
+            "objective": obj,
             "matrix": matrix(s["spec"], trials), "search": search_lines(s), "curves": cv, "pareto": ranking.pareto(points), "causes": counts}

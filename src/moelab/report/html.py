@@ -9,9 +9,10 @@ from __future__ import annotations
 import re
 from html import escape
 
+from moelab.report import measured
 from moelab.report.build import COLOURS, failures_text
 from moelab.report.svg import tradeoff
-from moelab.study.ranking import interval_text, primary, tie_sentence
+from moelab.study.ranking import OBJECTIVES, interval_text, objective_text, primary, tie_sentence
 
 CSS = """li.budget{color:#b00;font-weight:bold}
 
@@ -58,7 +59,7 @@ def _rec(rec: dict | None, slo: dict) -> str:
                 f"{escape(g['why'])}.</p>")
     slos = ", ".join(f"{k} &le; {v:g}" for k, v in slo.items() if v is not None)
     return (f"<div class='card rec'><div class='muted'>Recommended launch command</div>"
-            f"<div class='big'>{escape(rec['label'])}: {rec['output_tps']:.1f} output tok/s "
+            f"<div class='big'>{escape(rec['label'])}: {escape(objective_text(rec))} "
             f"<span class='muted' style='font-weight:400'>({interval_text(rec)})</span></div>"
             f"<pre>{escape(rec['command'])}</pre>{tie}"
             + (f"<div class='muted'>SLOs (p90): {slos}</div>" if slos else "") + "</div>")
@@ -125,7 +126,7 @@ def _gated(configs: dict) -> str:
             "<th>output tok/s</th><th>accuracy</th><th>why</th></tr>" + "".join(rows) + "</table>")
 
 
-def _ranked(ranked: list[dict], picked: str | None = None) -> str:
+def _ranked(ranked: list[dict], picked: str | None = None, objective: str = "throughput") -> str:
     if not ranked:
         return ""
     hi = max(c["high"] for c in ranked) or 1
@@ -140,8 +141,25 @@ def _ranked(ranked: list[dict], picked: str | None = None) -> str:
         rows.append(f"<tr><td>{escape(c['label'])}{mark}</td><td class='num'>{c['mean']:.1f}</td>"
                     f"<td class='num'>{ci}</td><td class='num'>{len(c['samples'])}</td>"
                     f"<td class='num'>{acc}</td><td>{bar}</td></tr>")
-    return ("<h2>Configurations that work, fastest first</h2><table><tr><th>configuration</th><th>output tok/s</th>"
+    unit = OBJECTIVES[objective]
+    order = "fastest first" if objective == "throughput" else f"best first by {unit}"
+    return (f"<h2>Configurations that work, {escape(order)}</h2><table><tr><th>configuration</th><th>{escape(unit)}</th>"
             "<th>95% CI</th><th>n</th><th>accuracy</th><th>interval</th></tr>" + "".join(rows) + "</table>")
+
+
+def _server_head() -> str:
+    return "<th>server TTFT mean ms</th><th>running peak</th><th>queued peak</th><th>KV cache peak</th>"
+
+
+def _server_cells(w: dict | None) -> str:
+    """The server's own figures beside the client's, per load point (blank where none were scraped)."""
+    if not w or not w.get("available"):
+        return f"<td colspan='4' class='muted'>{escape((w or {}).get('note') or 'no server metrics')}</td>"
+    g = lambda k, f: f(w[k]["peak"]) if w.get(k) else "-"  # noqa: E731
+    tt = w.get("ttft_ms")
+    return (f"<td class='num'>{tt['mean_ms']:.1f}</td>" if tt else "<td>-</td>") + \
+        f"<td class='num'>{g('running', lambda x: f'{x:.0f}')}</td><td class='num'>{g('waiting', lambda x: f'{x:.0f}')}</td>" \
+        f"<td class='num'>{g('kv_usage', lambda x: f'{x:.0%}')}</td>"
 
 
 def _trial(t: dict) -> str:
@@ -159,10 +177,11 @@ def _trial(t: dict) -> str:
     load = ""
     if pts:
         load = ("<table><tr><th>concurrency</th><th>output tok/s</th><th>TTFT p90 ms</th><th>TPOT p50 ms</th>"
-                "<th>E2E p90 ms</th><th>valid</th></tr>" + "".join(
+                "<th>E2E p90 ms</th><th>valid</th>" + _server_head() + "</tr>" + "".join(
                     f"<tr><td class='num'>{q['concurrency']}</td><td class='num'>{q['output_tps']:.1f}</td>"
                     f"<td class='num'>{(q.get('ttft_p90_ms') or 0):.0f}</td><td class='num'>{(q.get('tpot_p50_ms') or 0):.1f}</td>"
-                    f"<td class='num'>{(q.get('e2e_p90_ms') or 0):.0f}</td><td>{'yes' if q.get('valid') else 'no: ' + escape('; '.join(q.get('invalid_reasons') or []))}</td></tr>"
+                    f"<td class='num'>{(q.get('e2e_p90_ms') or 0):.0f}</td><td>{'yes' if q.get('valid') else 'no: ' + escape('; '.join(q.get('invalid_reasons') or []))}</td>"
+                    + _server_cells(q.get("server")) + "</tr>"
                     for q in pts) + "</table>")
     return (f"<details><summary><b>#{t['id']}</b> {escape(t['stage'])}{' #' + str(t['rep']) if t['rep'] else ''} "
             f"&middot; {escape(t['label'])} &middot; {_badge(t['cause'], t['status'])} "
@@ -187,5 +206,7 @@ def render(data: dict) -> str:
             + ("" if s["spec"].get("strategy") == "bisect" else _rec(data["recommendation"], data["slo"])) + _bisect((s.get("extra") or {}).get("bisect"))
             + f"<div class='legend'>{causes}</div>" + _search(data.get("search") or []) + _matrix(data["matrix"])
             + "<h2>Throughput and latency</h2><div class='card'>" + tradeoff(data["curves"], data["pareto"]) + "</div>"
-            + _ranked(data["ranked"], (data["recommendation"] or {}).get("label")) + _gated(data["configs"])
+            + _ranked(data["ranked"], (data["recommendation"] or {}).get("label"), data.get("objective") or "throughput") + _gated(data["configs"])
+            + (f"<p class='muted'>{escape(measured.objective_line(data['recommendation'], s).replace('`', ''))}</p>"
+               if data["recommendation"] else "") + measured.html(data)
             + f"<h2>Trials</h2>{trials}</main></body></html>\n")

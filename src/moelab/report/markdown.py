@@ -1,8 +1,9 @@
 """The Markdown report: reads well in a terminal and in a pull request. Recommendation first."""
 from __future__ import annotations
 
+from moelab.report import measured
 from moelab.report.build import failures_text
-from moelab.study.ranking import interval_text, primary, tie_sentence
+from moelab.study.ranking import OBJECTIVES, interval_text, objective_text, primary, tie_sentence
 
 
 def _cell(t: str) -> str:
@@ -12,8 +13,7 @@ def _cell(t: str) -> str:
 def recommendation_md(rec: dict | None, slo: dict) -> list[str]:
     if not rec:
         return ["**No configuration worked under the SLOs.** Every trial's verdict is below.", ""]
-    lines = [f"**Recommended:** `{rec['label']}` at **{rec['output_tps']:.1f} output tok/s** "
-             f"({interval_text(rec)})", ""]
+    lines = [f"**Recommended:** `{rec['label']}` at **{objective_text(rec)}** ({interval_text(rec)})", ""]
     if rec.get("measured_once"):
         lines += ["No configuration was measured more than once, so this pick has no interval: measure it again "
                   "(`--rerun`, or more finalist repeats) before trusting it.", ""]
@@ -56,6 +56,8 @@ def render(data: dict) -> str:
            f"Status: {s['status']}.", ""]
     if s["spec"].get("strategy") != "bisect":
         out += recommendation_md(rec, data["slo"])
+        if rec:
+            out += [measured.objective_line(rec, s), ""]
     out += bisect_md((s.get("extra") or {}).get("bisect"))
     if data.get("search"):
         out += ["## How the study searched", ""] + [f"- {_cell(x)}" for x in data["search"]] + [""]
@@ -82,8 +84,10 @@ def render(data: dict) -> str:
         out.append("")
     if data["ranked"]:
         acc = any(c.get("accuracy") is not None for c in data["configs"].values())
-        out += ["## Configurations that work, fastest first", "",
-                "| configuration | output tok/s | 95% CI | n |" + (" accuracy |" if acc else ""),
+        unit = OBJECTIVES[data.get("objective") or "throughput"]
+        out += ["## Configurations that work, " + ("fastest first" if unit == OBJECTIVES["throughput"]
+                                                    else f"best first by {unit}"), "",
+                f"| configuration | {unit} | 95% CI | n |" + (" accuracy |" if acc else ""),
                 "|---|---:|---|---:|" + ("---:|" if acc else "")]
         picked = rec["label"] if rec else None
         for c in data["ranked"]:
@@ -105,6 +109,7 @@ def render(data: dict) -> str:
         out += ["Pareto front (throughput vs p90 latency): " + "; ".join(
             f"{p['label']} @ concurrency {p['concurrency']}: {p['output_tps']:.0f} tok/s, {p['e2e_p90_ms']:.0f} ms"
             for p in data["pareto"]), ""]
+    out += measured.markdown(data)
     out += ["## Trials", "", "| # | stage | configuration | verdict | phase | tok/s | why |", "|---:|---|---|---|---|---:|---|"]
     order = sorted(data["trials"], key=lambda t: t["id"])
     for t in order:

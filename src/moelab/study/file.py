@@ -147,6 +147,9 @@ class Staged(_Strict):
     isolate: bool = True
     finalists: int = Field(2, gt=0)
     repeats: int = Field(3, ge=2)  # measurements per finalist for the confidence interval
+    # separate launches per finalist, each with `repeats` load runs: the interval then covers
+    # boot-to-boot variance (one interval over launch means), not only repeats on one server
+    final_launches: int = Field(2, ge=1)
 
 
 class Accuracy(_Strict):
@@ -182,6 +185,11 @@ class StudyFile(_Strict):
     accuracy: Accuracy | None = None  # a task accuracy gate after the probe (see Accuracy)
     budget: Budget = Field(default_factory=Budget)
     strategy: Literal["grid", "one-factor", "staged", "bisect"] = "staged"
+    # what ranks configurations: output tokens/s at the highest workload concurrency (the SLO a
+    # filter), goodput there (requests/s meeting every SLO limit), or the highest concurrency whose
+    # requests meet the SLO at p90, searched on each launch between the workload's lowest and
+    # highest concurrency (load/capacity.py)
+    objective: Literal["throughput", "goodput", "max_concurrency_at_slo"] = "throughput"
     staged: Staged = Field(default_factory=Staged)
     launch: Launch = Field(default_factory=Launch)
     bisect: dict[str, FlagValue] | None = None  # bisect: the failing combination (flags over base)
@@ -225,6 +233,9 @@ class StudyFile(_Strict):
             raise ValueError("strategy: bisect needs `bisect:` (the failing flags, over base)")
         if self.strategy != "bisect" and not self.axes:
             raise ValueError(f"strategy: {self.strategy} needs at least one axis under `axes:`")
+        if self.objective != "throughput" and not any(v is not None for v in self.slo.model_dump().values()):
+            raise ValueError(f"objective: {self.objective} is measured against the SLO: give `slo:` "
+                             "(ttft_ms, itl_ms, tpot_ms or e2e_ms)")
         return self
 
     def categorical(self) -> dict[str, list[FlagValue]]:

@@ -231,9 +231,10 @@ def plan(study: StudyFile) -> list[Step]:
 
 
 def _final_step(study: StudyFile) -> Step:
-    n = study.staged.finalists
-    return Step("final", 2 * n, f"the {n} best measured again in fresh launches, {study.staged.repeats} load runs "
-                                f"each (once more for a leader measured only once); runs even past the budget")
+    n, k = study.staged.finalists, study.staged.final_launches
+    return Step("final", (k + 1) * n, f"the {n} best measured again in {k} fresh launch{'es' if k > 1 else ''} each, "
+                                      f"{study.staged.repeats} load runs per launch (once more for a leader measured "
+                                      f"only once); runs even past the budget")
 
 
 def grid_size(study: StudyFile) -> int:

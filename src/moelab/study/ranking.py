@@ -51,24 +51,110 @@ def throughputs(trial: dict) -> list[float]:
         ([primary(m)["output_tps"]] if primary(m) and primary(m).get("output_tps") is not None else [])
 
 
-def by_config(trials: list[dict], slo: dict) -> dict[str, dict]:
-    """label -> {flags, changes, samples[], trials[], slo_failures[], valid} over measured ok trials."""
+# What a study ranks by (`objective:` of the study file); throughput stays the default.
+OBJECTIVES = {"throughput": "output tok/s", "goodput": "goodput req/s (requests meeting the SLO)",
+              "max_concurrency_at_slo": "concurrent requests within the SLO (p90)"}
+
+
+def objective_values(trial: dict, objective: str = "throughput") -> list[float]:
+    """Every measurement of `objective` in one trial: one per load repeat (a capacity search, for
+    max_concurrency_at_slo); goodput falls back to the primary point's where no repeat kept it."""
+    if objective == "throughput":
+        return throughputs(trial)
+    m = trial.get("metrics") or {}
+    o = m.get("objective") or {}
+    if o.get("name") == objective:
+        return [x for x in o.get("values") or [] if x is not None]
+    p = primary(m)
+    if objective == "goodput" and p is not None and p.get("goodput") is not None:
+        return [p["goodput"]]
+    return []
+
+
+def identity_key(t: dict) -> str:
+    """The configuration a trial measured, as a key: its flags with what the engine reported it ran
+    in place of what was asked (engines/effective.identity); two requests that ran the same are one."""
+    import json
+
+    from moelab.engines.effective import identity
+
+    return json.dumps(identity(t.get("flags") or {}, t.get("effective")), sort_keys=True, default=str)
+
+
+def _as_asked(t: dict) -> bool:
+    """Every setting the engine reported is the one the trial asked for (a label that names what ran)."""
+    return not any(s.get("ran") is not None and s.get("requested") is not None
+                   and str(s["ran"]).lower().replace("-", "_") != str(s["requested"]).lower().replace("-", "_")
+                   for s in (t.get("effective") or {}).get("settings") or [])
+
+
+def launch_interval(launches: list[list[float]]) -> tuple[float, float, float, str]:
+    """(mean, low, high, over): with two or more launches, a t-interval over the launch means, so the
+    interval covers boot-to-boot variance (each launch one observation); with one, over its samples."""
+    means = [mean(xs) for xs in launches if xs]
+    if len(means) >= 2:
+        return (*t_interval(means), "launches")
+    xs = [x for ls in launches for x in ls]
+    return (*t_interval(xs), "samples") if xs else (0.0, 0.0, 0.0, "samples")
+
+
+def spread(launches: list[list[float]]) -> dict:
+    """Within-launch and across-launch spread as coefficients of variation (None where unmeasured):
+    within = pooled standard deviation of the repeats inside a launch; across = that of the launch means."""
+    inside = [xs for xs in launches if len(xs) >= 2]
+    means = [mean(xs) for xs in launches if xs]
+    m = mean(means) if means else 0.0
+    within = math.sqrt(sum(stdev(xs) ** 2 for xs in inside) / len(inside)) if inside else None
+    across = stdev(means) if len(means) >= 2 else None
+    cv = (lambda sd: None if sd is None or not m else round(sd / m, 4))  # noqa: E731
+    return {"launches": len(means), "within_cv": cv(within), "across_cv": cv(across)}
+
+
+def by_config(trials: list[dict], slo: dict, objective: str = "throughput") -> dict[str, dict]:
+    """label -> {flags, changes, samples[], trials[], slo_failures[], valid, launches ...} over measured
+    ok trials. Trials whose engine ran the same configuration are one entry (its label names what
+    ran; `same_as` lists the others). Under an objective other than throughput the SLO is part of
+    the objective, not a filter."""
     out: dict[str, dict] = {}
+    keyed: dict[str, str] = {}  # identity key -> label of its entry
+    twins: set[str] = set()
     for t in trials:
         if t.get("cause") != "ok" or not t.get("metrics"):
             continue
         p = primary(t["metrics"])
         if p is None:
             continue
-        c = out.setdefault(t["label"], {"label": t["label"], "flags": t["flags"], "changes": t["changes"],
-                                        "samples": [], "trials": [], "sources": [], "slo_failures": [],
-                                        "valid": True})
+        key = identity_key(t)
+        if key not in keyed:  # the same flags that ran differently in another launch stay apart
+            twin = t["label"] in out
+            keyed[key] = f"{t['label']} (launch {t['id']} ran otherwise)" if twin else t["label"]
+            if twin:
+                twins.add(keyed[key])
+        label = keyed[key]
+        c = out.setdefault(label, {"label": label, "flags": t["flags"], "changes": t["changes"],
+                                   "samples": [], "trials": [], "sources": [], "slo_failures": [],
+                                   "valid": True, "same_as": [], "launch_samples": [], "tps_samples": [],
+                                   "rep_trial": t["id"]})
+        if label in twins:
+            pass  # same flags as another entry but ran otherwise: its own entry and label
+        elif t["label"] != c["label"] and t["label"] not in c["same_as"]:
+            if _as_asked(t) and not _as_asked(by_id_in(trials, c["rep_trial"])):  # name it after what ran
+                c["same_as"].append(c["label"])
+                c.update(label=t["label"], flags=t["flags"], changes=t["changes"], rep_trial=t["id"])
+            else:
+                c["same_as"].append(t["label"])
+        elif t["label"] == c["label"]:
+            c["rep_trial"] = t["id"]
         src = t.get("reused_from") or t["id"]  # one stored measurement reused twice counts once
         if src not in c["sources"]:
             c["sources"].append(src)
-            c["samples"] += throughputs(t)
+            vals = objective_values(t, objective)
+            c["samples"] += vals
+            c["launch_samples"].append(vals)
+            c["tps_samples"] += throughputs(t)
         c["trials"].append(t["id"])
-        c["slo_failures"] = sorted(set(c["slo_failures"]) | set(slo_failures(p, slo)))
+        if objective == "throughput":
+            c["slo_failures"] = sorted(set(c["slo_failures"]) | set(slo_failures(p, slo)))
         c["valid"] = c["valid"] and p.get("valid", True)
         acc = (t.get("metrics") or {}).get("accuracy")
         if acc is not None:
@@ -76,10 +162,19 @@ def by_config(trials: list[dict], slo: dict) -> dict[str, dict]:
             if not acc["passed"]:
                 c["slo_failures"] = sorted(set(c["slo_failures"]) | {f"below the accuracy gate: {acc['why']}"})
     for c in out.values():
-        c["mean"], c["low"], c["high"] = t_interval(c["samples"]) if c["samples"] else (0.0, 0.0, 0.0)
+        c["mean"], c["low"], c["high"], c["interval_over"] = launch_interval(c["launch_samples"])
+        c.update(spread(c["launch_samples"]), tps_mean=mean(c["tps_samples"]) if c["tps_samples"] else None)
         if c.get("accuracy"):
             c["accuracy"] = round(sum(c["accuracy"]) / len(c["accuracy"]), 4)
-    return out
+    relabelled = {}
+    for c in out.values():  # an entry renamed after what ran is found under its new label
+        c["same_as"] = [x for x in c["same_as"] if x != c["label"]]
+        relabelled[c["label"]] = c
+    return {k: c for k, c in relabelled.items() if c["samples"]}
+
+
+def by_id_in(trials: list[dict], tid: int) -> dict:
+    return next(t for t in trials if t["id"] == tid)
 
 
 def pareto(points: list[dict]) -> list[dict]:
@@ -96,12 +191,12 @@ def distance(c: dict, base: dict) -> int:
     return sum(1 for k, v in (c.get("changes") or []) if base.get(k) != v)
 
 
-def ranked(trials: list[dict], slo: dict, base: dict | None = None) -> list[dict]:
-    """Configurations that meet the SLOs with a valid measurement, best mean throughput first.
+def ranked(trials: list[dict], slo: dict, base: dict | None = None, objective: str = "throughput") -> list[dict]:
+    """Configurations that meet the SLOs with a valid measurement, best mean of the objective first.
 
     When no measurement is valid (a loaded 2-core machine can delay the client itself), the
     invalid ones are ranked rather than none, each still marked `valid: False`."""
-    every = [c for c in by_config(trials, slo).values() if not c["slo_failures"]]
+    every = [c for c in by_config(trials, slo, objective).values() if not c["slo_failures"]]
     cfg = [c for c in every if c["valid"]] or every
     return sorted(cfg, key=lambda c: (-c["mean"], distance(c, base or {})))
 
@@ -121,13 +216,34 @@ def command_line(trial: dict) -> str:
 
 
 def interval_text(c: dict) -> str:
-    """`95% CI 2363.3-2973.9, n=4`, or `measured once` where one sample gives no interval."""
+    """`95% CI 2363.3-2973.9, n=4`, or `measured once` where one sample gives no interval; with
+    `over 3 launches` where the interval is over launch means (boot-to-boot variance included)."""
     n = len(c["samples"]) if "samples" in c else c["n"]
     low, high = (c["low"], c["high"]) if "low" in c else c["ci95"]
-    return "measured once" if n < 2 else f"95% CI {low:.1f}-{high:.1f}, n={n}"
+    if n < 2:
+        return "measured once"
+    over = c.get("interval_over")
+    k = c.get("launches")
+    return f"95% CI {low:.1f}-{high:.1f}, n={n}" + (f" over {k} launches" if over == "launches" else
+                                                   " in one launch" if k == 1 else "")
 
 
-def recommend(trials: list[dict], slo: dict, base: dict | None = None) -> dict | None:
+def value_text(c: dict) -> str:
+    """`2632.6 tok/s`, `12.40 req/s within the SLO`, `6.0 concurrent within the SLO`: a brief's value."""
+    obj = c.get("objective") or "throughput"
+    v = c.get("value", c.get("output_tps"))
+    return {"throughput": f"{v:.1f} tok/s", "goodput": f"{v:.2f} req/s within the SLO",
+            "max_concurrency_at_slo": f"{v:.1f} concurrent within the SLO"}[obj]
+
+
+def objective_text(rec: dict) -> str:
+    """`2668.6 output tok/s` or `12.40 goodput req/s (requests meeting the SLO)`: a value in its unit."""
+    obj = rec.get("objective") or "throughput"
+    v = rec.get("value", rec.get("output_tps"))
+    return f"{v:.1f} {OBJECTIVES[obj]}" if obj != "goodput" else f"{v:.2f} {OBJECTIVES[obj]}"
+
+
+def recommend(trials: list[dict], slo: dict, base: dict | None = None, objective: str = "throughput") -> dict | None:
     """The fastest correct configuration under the SLOs, measured more than once, with its interval.
 
     Only a configuration with repeated measurements can be recommended (the strategies measure a
@@ -136,7 +252,7 @@ def recommend(trials: list[dict], slo: dict, base: dict | None = None) -> dict |
     from the baseline decide; `decided_by` says which rule picked it.
     """
     base = base or {}
-    r = ranked(trials, slo, base)
+    r = ranked(trials, slo, base, objective)
     if not r:
         return None
     repeated = [c for c in r if len(c["samples"]) > 1]
@@ -149,12 +265,15 @@ def recommend(trials: list[dict], slo: dict, base: dict | None = None) -> dict |
             decided = "fewest changes among tied"
         best, ties = group[0], group[1:]
     by_id = {t["id"]: t for t in trials}
-    src = by_id[best["trials"][-1]]
+    src = by_id[best.get("rep_trial") or best["trials"][-1]]
 
     def brief(c: dict) -> dict:
-        return {"label": c["label"], "output_tps": c["mean"], "ci95": [c["low"], c["high"]], "n": len(c["samples"])}
+        return {"label": c["label"], "output_tps": c["mean"] if objective == "throughput" else c.get("tps_mean"),
+                "value": c["mean"], "objective": objective, "ci95": [c["low"], c["high"]], "n": len(c["samples"]),
+                "launches": c.get("launches"), "interval_over": c.get("interval_over"),
+                "within_cv": c.get("within_cv"), "across_cv": c.get("across_cv"), "same_as": c.get("same_as", [])}
 
-    gated = [brief(c) | {"why": "; ".join(c["slo_failures"])} for c in by_config(trials, slo).values()
+    gated = [brief(c) | {"why": "; ".join(c["slo_failures"])} for c in by_config(trials, slo, objective).values()
              if any(f.startswith("below the accuracy gate") for f in c["slo_failures"]) and c["mean"] > best["mean"]]
     return {**brief(best), "flags": best["flags"], "changes": best["changes"], "command": command_line(src),
             "accuracy": best.get("accuracy"), "faster_below_accuracy_gate": gated,
@@ -168,7 +287,7 @@ def tie_sentence(rec: dict) -> str:
     """What the tie means, in the words of the rule that decided it (same figures as the table)."""
     if not rec.get("tie"):
         return ""
-    tied = "; ".join(f"`{t['label']}` {t['output_tps']:.1f} tok/s ({interval_text(t)})" for t in rec["tie"])
+    tied = "; ".join(f"`{t['label']}` {value_text(t)} ({interval_text(t)})" for t in rec["tie"])
     why = ("the pick is the one with the fewest changes from the baseline"
            if rec.get("decided_by") == "fewest changes among tied"
            else "the pick is also the fastest of them")

@@ -223,7 +223,8 @@ class StudyRunner:
                         workload=self.study.workload, slo=self.study.slo.model_dump(), reference=self.reference,
                         loads=loads, concurrency=self.study.workload.concurrency,
                         record_reference_to=record_reference, accuracy=self.study.accuracy,
-                        answers=self.out_dir / "reference-answers.json", need=need, attempt=attempt,
+                        answers=self.out_dir / "reference-answers.json", objective=self.study.objective,
+                        need=need, attempt=attempt,
                         row=row, stage=cand.stage, rep=cand.rep)
 
     def _begin(self, job) -> int:
@@ -250,7 +251,7 @@ class StudyRunner:
                                 metrics=out.metrics,
                                 samples=out.samples, telemetry={**out.telemetry, "timings": out.timings,
                                                                 **({"placement": job.placement} if job.placement else {})},
-                                paths=out.paths, command=out.command)
+                                paths=out.paths, command=out.command, effective=out.effective)
         t = self._get(job.tid)
         self.on_event({"event": "done", "trial": t})
         self._learn(t)
@@ -299,7 +300,8 @@ class StudyRunner:
                 self.store.finish_trial(tid, status=TrialStatus.reused.value, verdict=rv.model_dump(mode="json"),
                                         metrics=reused["metrics"], samples=reused["samples"],
                                         telemetry=reused["telemetry"], paths=reused["paths"],
-                                        command=reused["command"], reused_from=reused["id"])
+                                        command=reused["command"], reused_from=reused["id"],
+                                        effective=reused.get("effective"))
             else:
                 self.store.finish_trial(tid, status=TrialStatus.pruned.value, verdict=v.model_dump(mode="json"))
             t = self._get(tid)

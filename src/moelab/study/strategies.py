@@ -35,48 +35,55 @@ def _measure(r: StudyRunner, cands: list[Candidate]) -> list[dict]:
 
 
 def _finalists(r: StudyRunner) -> list[dict]:
-    """Run the best configurations again (`repeats` load runs each, in a fresh launch). A
+    """Run the best configurations again in `final_launches` separate launches, `repeats` load runs
+    each, so the interval covers boot-to-boot variance as well as repeats on one server. A
     configuration measured once that still ranks first afterwards is measured again too, so the
     recommendation always rests on repeated measurements. Runs even when the budget is spent."""
-    slo, base = r.study.slo.model_dump(), r.study.base
+    slo, base, obj = r.study.slo.model_dump(), r.study.base, r.study.objective
 
     def finished() -> list[dict]:
         return [t for t in r.store.trials(r.study_id) if t["status"] in ("done", "reused")]
 
-    def final(c: dict) -> dict:
-        return r.trial(Candidate(tuple((k, v) for k, v in c["changes"] or []), "final"), loads=r.study.staged.repeats)
+    def final(c: dict) -> list[dict]:
+        ch = tuple((k, v) for k, v in c["changes"] or [])
+        return [r.trial(Candidate(ch, "final", rep=i), loads=r.study.staged.repeats)
+                for i in range(r.study.staged.final_launches)]
 
-    out = r.trials([Candidate(tuple((k, v) for k, v in c["changes"] or []), "final")
-                    for c in ranking.ranked(finished(), slo, base)[: r.study.staged.finalists]],
-                   loads=r.study.staged.repeats)
+    out = r.trials([Candidate(tuple((k, v) for k, v in c["changes"] or []), "final", rep=i)
+                    for c in ranking.ranked(finished(), slo, base, obj)[: r.study.staged.finalists]
+                    for i in range(r.study.staged.final_launches)], loads=r.study.staged.repeats)
     for _ in range(r.study.staged.finalists):
-        top = ranking.ranked(finished(), slo, base)
+        top = ranking.ranked(finished(), slo, base, obj)
         if not top or len(top[0]["samples"]) > 1:
             break
-        out.append(final(top[0]))
+        out += final(top[0])
     return out
 
 
-def score(t: dict | None, slo: dict) -> float | None:
-    """A trial's throughput at its primary load point; None where it failed or broke an SLO (what a
-    search treats as a point that does not work). A measurement the load generator marked not
-    valid (its own event loop lagged) still counts here: it is roughly right, and a point that
-    worked must not look like one that failed; the ranking prefers valid measurements."""
+def score(t: dict | None, slo: dict, objective: str = "throughput") -> float | None:
+    """A trial's throughput at its primary load point (or its mean measure of another objective);
+    None where it failed or broke an SLO (what a search treats as a point that does not work). A
+    measurement the load generator marked not valid (its own event loop lagged) still counts here:
+    it is roughly right, and a point that worked must not look like one that failed; the ranking
+    prefers valid measurements. Under goodput or max_concurrency_at_slo the SLO is in the objective."""
     if t is None or t.get("cause") != "ok":
         return None
     p = ranking.primary(t.get("metrics"))
-    if p is None or p.get("output_tps") is None or ranking.slo_failures(p, slo):
+    if p is None or p.get("output_tps") is None:
         return None
     acc = (t.get("metrics") or {}).get("accuracy")
     if acc is not None and not acc["passed"]:
         return None
-    return p["output_tps"]
+    if objective != "throughput":
+        vals = ranking.objective_values(t, objective)
+        return sum(vals) / len(vals) if vals else None
+    return None if ranking.slo_failures(p, slo) else p["output_tps"]
 
 
 def _center(r: StudyRunner, trials: list[dict], center: dict) -> dict:
     """The categorical values of the best measured trial so far (the center unchanged when none)."""
     slo, cat = r.study.slo.model_dump(), r.study.categorical()
-    scored = [(score(t, slo), t) for t in trials]
+    scored = [(score(t, slo, r.study.objective), t) for t in trials]
     scored = [(sc, t) for sc, t in scored if sc is not None]
     if not scored:
         return center
@@ -92,7 +99,7 @@ def _best_values(r: StudyRunner, by_axis: dict[str, list[dict]]) -> dict[str, li
     for n, trials in by_axis.items():
         best: dict = {}
         for t in trials:
-            sc, v = score(t, slo), (t.get("flags") or {}).get(n)
+            sc, v = score(t, slo, r.study.objective), (t.get("flags") or {}).get(n)
             if sc is not None and sc > best.get(v, -1.0):
                 best[v] = sc
         out[n] = sorted(best, key=lambda v: -best[v])[: r.study.staged.keep]
@@ -178,7 +185,7 @@ def _tune(r: StudyRunner, survivor: dict, seeded_from: list[dict]) -> dict:
             continue
         i = pts.index(cur[knob])
         far = 0 if i > len(pts) - 1 - i else len(pts) - 1
-        sc = score(launch({**cur, knob: pts[(i + far) // 2 if abs(far - i) > 1 else far]}), slo)
+        sc = score(launch({**cur, knob: pts[(i + far) // 2 if abs(far - i) > 1 else far]}), slo, st.objective)
         effect[knob] = None if sc is None else round(sc / max(best_score, 1e-9) - 1, 3)
     order = sorted(numeric, key=lambda k: -abs(effect[k]) if effect.get(k) is not None else 1.0)
     rec["order"], rec["first_probe_effect"] = order, effect
@@ -194,7 +201,7 @@ def _tune(r: StudyRunner, survivor: dict, seeded_from: list[dict]) -> dict:
                 if v is None:
                     break
                 t = launch({**cur, knob: v})
-                hist[v], tried[v] = score(t, slo), t
+                hist[v], tried[v] = score(t, slo, st.objective), t
             ok = {v: sc for v, sc in hist.items() if sc is not None}
             k["tried"].update({str(v): (round(sc, 1) if sc is not None else None) for v, sc in sorted(hist.items())})
             k["failed"].update({str(v): t["cause"] if t["cause"] != "ok" else _unscored(t, slo)
@@ -236,7 +243,7 @@ def _known(r: StudyRunner, target: dict, knob: str, seeded_from: list[dict], slo
     for t in r.seen:
         f = t.get("flags") or {}
         if knob in f and {k: v for k, v in f.items() if k != knob} == rest and t["status"] != "interrupted":
-            hist[f[knob]], tried[f[knob]] = score(t, slo), t
+            hist[f[knob]], tried[f[knob]] = score(t, slo, r.study.objective), t
     numeric = set(r.study.numeric())
     for t in seeded_from:
         f = t.get("flags") or {}
@@ -273,7 +280,7 @@ def _effect(tried: dict) -> dict:
 def staged(r: StudyRunner) -> dict:
     st, slo = r.study, r.study.slo.model_dump()
     screened, info = _screen(r)
-    survivors = ranking.ranked([t for t in screened if t["status"] in ("done", "reused")], slo, st.base)
+    survivors = ranking.ranked([t for t in screened if t["status"] in ("done", "reused")], slo, st.base, st.objective)
     survivors = survivors[: st.staged.survivors]
     tuning = []
     if st.numeric() and st.staged.tune_trials:
@@ -348,7 +355,8 @@ def run_study(r: StudyRunner) -> dict:
     extra["launches"] = r.launched
     trials = r.store.trials(r.study_id)
     rec = None if r.study.strategy == "bisect" else ranking.recommend(  # bisect explains a failure only
-        [t for t in trials if t["status"] in ("done", "reused")], r.study.slo.model_dump(), r.study.base)
+        [t for t in trials if t["status"] in ("done", "reused")], r.study.slo.model_dump(), r.study.base,
+        r.study.objective)
     r.finish(rec, status, extra)
     return summary(r.store, r.study_id, elapsed_s=time.monotonic() - t0, **extra)
 
@@ -366,7 +374,20 @@ def summary(store, study_id: int, **extra) -> dict:
             "trials": [{"id": t["id"], "stage": t["stage"], "rep": t["rep"], "label": t["label"],
                         "status": t["status"], "cause": t["cause"], "phase": t["phase"],
                         "output_tps": (ranking.primary(t["metrics"]) or {}).get("output_tps"),
-                        "reason": _reason(t)} for t in trials], **extra}
+                        "reason": _reason(t), "ran_otherwise": ran_otherwise(t)} for t in trials], **extra}
+
+
+def ran_otherwise(t: dict) -> list[str]:
+    """`moe runner --moe-runner-backend: asked triton_kernel, ran flashinfer_cutlass` for each setting
+    the engine's log says it replaced or refused (engines/effective.py); empty where it ran as asked."""
+    from moelab.engines.effective import Setting
+
+    out = []
+    for s in (t.get("effective") or {}).get("settings") or []:
+        st = Setting.model_validate(s)
+        if st.changed:
+            out.append(f"{st.name.replace('_', ' ')}{' ' + st.flag if st.flag else ''}: {st.describe()}")
+    return out
 
 
 def _reason(t: dict) -> str:

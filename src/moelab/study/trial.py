@@ -24,6 +24,7 @@ class TrialOutcome:
     paths: dict = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
     timings: dict = field(default_factory=dict)
+    effective: dict | None = None  # engines/effective.Effective as plain data: what the log says ran
 
 
 def point_metrics(res, concurrency: int) -> dict:
@@ -34,7 +35,15 @@ def point_metrics(res, concurrency: int) -> dict:
             "tpot_p50_ms": m.tpot_ms.p50, "tpot_p90_ms": m.tpot_ms.p90, "itl_p90_ms": m.itl_ms.p90, "e2e_p50_ms": m.e2e_ms.p50,
             "e2e_p90_ms": m.e2e_ms.p90, "completed": m.completed, "failed": m.failed, "errors": m.errors,
             "goodput": m.goodput, "valid": res.valid, "invalid_reasons": res.invalid_reasons,
-            "achieved_concurrency": res.delivered.get("concurrency")}
+            "achieved_concurrency": res.delivered.get("concurrency"), "ttft_mean_ms": m.ttft_ms.mean,
+            "server": server_summary(res.server), "findings": list(res.findings)}
+
+
+def server_summary(w) -> dict | None:
+    """The server's own figures of one point, as the store keeps them (load/server_metrics.py)."""
+    if w is None:
+        return None
+    return {**w.model_dump(exclude_none=True, exclude={"url"}), "bound": w.bound}
 
 
 def accuracy_gate(srv, acc, answers: Path | None, record: bool) -> dict:
@@ -72,6 +81,40 @@ def _client_error(srv, phase: Phase, e: Exception) -> Verdict:
         advice="The server stayed up but the client failed; see the evidence and server.log.")) or srv.verdict
 
 
+class _Gone(Exception):
+    """The server died or hung during a capacity search: the supervisor's verdict says why."""
+
+
+def capacity_repeat(srv, workload, slo: dict, concurrency: list[int], fmt, reference, r: int, on_progress=None):
+    """One capacity search on this server (objective max_concurrency_at_slo): the highest concurrency
+    between the workload's lowest and highest whose requests meet the study's SLO at p90. Returns
+    (verdict or None, the Capacity, its LoadResults)."""
+    from moelab.load import SLO
+    from moelab.load.capacity import find
+
+    def watch(step, res) -> None:
+        if on_progress:
+            on_progress({"phase": f"capacity c={step.value:g} {'meets' if step.met else 'breaks'} the SLO"})
+        if res.correctness is not None and not res.correctness.ok:
+            srv.record(res.correctness)
+        if srv.alive_verdict() is not None:
+            raise _Gone()
+        if res.metrics.completed == 0 and res.metrics.failed:  # every request refused: not a load that breaks an SLO
+            raise _Gone(_refused(srv, res, int(step.value)))
+
+    goal = SLO(**{k: v for k, v in slo.items() if v is not None})
+    w = workload.point(concurrency[0], r, goal, fmt)
+    try:
+        cap, results = find(srv.url, w, goal, "max-concurrency",
+                            pct=90.0, start=concurrency[0], limit=max(concurrency), rounds=workload.rounds or 4,
+                            model=srv.model, api_key=srv.spec.api_key, reference=reference, on_point=watch)
+    except _Gone as e:
+        return (e.args[0] if e.args else None) or srv.alive_verdict(), None, []
+    except Exception as e:
+        return _client_error(srv, Phase.load, e), None, []
+    return srv.alive_verdict(), cap, results
+
+
 def _refused(srv, res, concurrency: int) -> Verdict:
     """A live server that refused every request of a load point: the workload does not fit this
     launch (a prompt longer than its context, a parameter it rejects). bad_args for HTTP 4xx refusals,
@@ -96,15 +139,16 @@ def _refused(srv, res, concurrency: int) -> Verdict:
 def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: dict, reference: Path | None,
               loads: int, concurrency: list[int], record_reference_to: Path | None = None,
               on_progress: Callable[[dict], None] | None = None, accuracy=None,
-              answers: Path | None = None) -> TrialOutcome:
+              answers: Path | None = None, objective: str = "throughput") -> TrialOutcome:
     """Launch, probe (against `reference`), the accuracy gate (`accuracy`, paired with the reference
     answers in `answers`; the reference trial writes them there), then `loads` repeats of every
-    load point (0: screen only)."""
+    load point (0: screen only); under objective max_concurrency_at_slo each repeat is a capacity
+    search instead, and its points up to the capacity are the trial's curve."""
     from moelab.launch import Supervisor
     from moelab.load import SLO, run_load
     from moelab.probe import record_reference, run_probe
 
-    points, samples, repeats = [], [], []
+    points, samples, repeats, values, search = [], [], [], [], []
     fmt = probe_class(flags.get("--quantization") if isinstance(flags.get("--quantization"), str) else None)
     # the study's pruning ran the engine's launch check on this spec already: it runs once
     with Supervisor(spec, out_dir, probe=False, on_progress=on_progress, flags_checked=True) as srv:
@@ -133,6 +177,21 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
             v = v or srv.alive_verdict()
         for r in range(loads if v is None else 0):
             srv.set_phase(Phase.load)
+            if objective == "max_concurrency_at_slo":
+                v, cap, results = capacity_repeat(srv, workload, slo, concurrency, fmt, reference, r, on_progress)
+                if v is not None:
+                    break
+                values.append(cap.answer or 0)
+                at = next((res for res in results if cap.answer and res.workload.concurrency == cap.answer), None)
+                repeats.append(at.metrics.output_throughput if at is not None else None)
+                if r == 0:
+                    met = sorted((res for st, res in zip(cap.steps, results) if st.met),
+                                 key=lambda res: res.workload.concurrency)
+                    points += [point_metrics(res, res.workload.concurrency) for res in met]
+                    samples += [{"concurrency": res.workload.concurrency,
+                                 "samples": [x.model_dump(mode="json") for x in res.samples]} for res in met]
+                search.append([{"concurrency": st.value, "met": st.met, "why": st.why} for st in cap.steps])
+                continue
             for c in concurrency:
                 if on_progress:
                     on_progress({"phase": f"load c={c}" + (f" #{r + 1}" if loads > 1 else "")})
@@ -156,11 +215,17 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
                     samples.append({"concurrency": c, "samples": [s.model_dump(mode="json") for s in res.samples]})
                 if c == concurrency[-1]:
                     repeats.append(pm["output_tps"])
+                    values.append(pm["goodput"])
             if v is not None:
                 break
     result = srv.result
-    metrics = {"points": points, "repeats": repeats} if points else None
+    metrics = {"points": points, "repeats": [x for x in repeats if x is not None]} if points or values else None
+    if metrics is not None and objective != "throughput":
+        metrics["objective"] = {"name": objective, "values": values}
+        if search:
+            metrics["search"] = search  # every capacity search: the concurrency tried, met or why not
     if acc is not None:
         metrics = {**(metrics or {}), "accuracy": acc}
     return TrialOutcome(verdict=result.verdict, metrics=metrics, samples=samples, telemetry=result.telemetry,
-                        paths=result.paths, command=result.command, timings=result.timings)
+                        paths=result.paths, command=result.command, timings=result.timings,
+                        effective=result.effective.model_dump() if result.effective else None)

@@ -43,6 +43,7 @@ class TrialJob:
     record_reference_to: Path | None = None
     accuracy: Any = None
     answers: Path | None = None
+    objective: str = "throughput"
     need: Need = field(default_factory=Need)
     attempt: int = 0  # 1: the rerun of a trial whose worker or node was lost
     row: dict = field(default_factory=dict)  # the store row written when it starts
@@ -56,7 +57,7 @@ class TrialJob:
         return run_trial(self.spec, self.out_dir, flags=self.flags, workload=self.workload, slo=self.slo,
                          reference=self.reference, loads=self.loads, concurrency=self.concurrency,
                          record_reference_to=self.record_reference_to, accuracy=self.accuracy,
-                         answers=self.answers, on_progress=on_progress)
+                         answers=self.answers, objective=self.objective, on_progress=on_progress)
 
 
 class ExecutorError(Exception):

