@@ -29,7 +29,7 @@ def write_study(tmp_path: Path, **kw) -> Path:
            "base": {"--moe-runner-backend": "reference", "--max-running-requests": 4},
            "axes": {"--moe-runner-backend": ["reference", "grouped"], "--max-running-requests": [2, 4]},
            "strategy": "grid", "workload": {"concurrency": [2], "input_len": 8, "output_len": 8, "num_prompts": 4},
-           "staged": {"finalists": 1, "repeats": 2}, "launch": {"timeout_s": 120}}
+           "staged": {"finalists": 1, "repeats": 2, "final_launches": 1}, "launch": {"timeout_s": 120}}
     doc.update(kw)
     p = tmp_path / "study.yaml"
     p.write_text(yaml.safe_dump(doc))
