@@ -82,7 +82,7 @@ def run_study(doc: dict, work: Path) -> tuple[dict, list[dict], float]:
     r = subprocess.run([sys.executable, "-m", "moelab.cli", "study", str(path), "--store", str(store), "--json"],
                        capture_output=True, text=True, timeout=7200)
     took = time.monotonic() - t0
-    if not r.stdout.strip():
+    if r.returncode == 2 or not r.stdout.strip():  # 2: moelab refused the study file itself
         raise SystemExit(f"moelab study {doc['name']} printed nothing (exit {r.returncode}):\n{r.stderr[-3000:]}")
     from moelab.store import Store
 
@@ -129,7 +129,7 @@ def show(res: dict) -> None:
     for w in res["wrong"]:
         print(f"     WRONG {w}")
     print(f"   recommended: {res['recommended']}")
-    print(f"     measured {res['recommended_measured_tps']} tok/s; simulator's model {res['recommended_true_tps']} "
+    print(f"     measured {res['recommended_measured_tps']:.1f} tok/s; simulator's model {res['recommended_true_tps']} "
           f"tok/s = {res['ratio']:.3f} of the space's optimum; fails under load: {res['fails_under_load']}")
     marks = [c for c in res["curve"] if c[0] in (1, 5, 10, 15, 20, 25, 30, 40, 50, 60) or c is res["curve"][-1]]
     print("   best so far (launch: measured tok/s, model ratio to optimum): "
@@ -148,7 +148,7 @@ def bisect(work: Path) -> dict:
     doc = study_doc("bisect", strategy="bisect", axes={}, reference=None,
                     base={**BASE, MOE: "flashinfer_cutlass", ATTN: "fa3"},
                     bisect={MOE: "triton", FP4: "cutlass", ATTN: "flashinfer", GRAPH: 256},
-                    workload={"concurrency": [64], "input_len": 32, "output_len": 8, "rounds": 1})
+                    workload={"concurrency": [64], "input_len": 32, "output_len": 8, "rounds": 2})
     s, trials, took = run_study(doc, work)
     b = s.get("bisect") or {}
     return {"minimal": b.get("minimal"), "cause": b.get("cause"), "launches": sum(t["status"] == "done" for t in trials),
