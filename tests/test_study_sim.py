@@ -88,7 +88,7 @@ def test_a_knob_that_matters_only_under_load_is_tuned_and_said_so(tmp_path):
     r, trials = run(tmp_path, {
         "base": {MOE: "flashinfer_cutlass", FP4: "auto", ATTN: "fa3", FRAC: 0.85, GRAPH: 64},
         "axes": {MOE: ["flashinfer_cutlass"], GRAPH: {"low": 64, "high": 512, "step": 64}},
-        "reference": None, "staged": {"tune_trials": 5, "finalists": 1, "repeats": 2},
+        "reference": None, "staged": {"tune_trials": 5, "finalists": 1, "repeats": 2, "final_launches": 1},
         "workload": {"concurrency": [8, 96], "input_len": 16, "output_len": 16, "rounds": 2}})
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads(r.stdout)
