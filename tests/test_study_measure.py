@@ -28,6 +28,14 @@ def trial(i, value, tps, ran=None, goodput=None, stage="screen", rep=0, label=No
             "env": {}, "effective": eff, "metrics": {"points": pts, "repeats": tps}}
 
 
+
+def run_study(tmp_path, doc: dict) -> subprocess.CompletedProcess:
+    """`moelab study --json` on `doc`, written as tmp_path/s.yaml, into tmp_path/s.db."""
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc, sort_keys=False))
+    return subprocess.run([sys.executable, "-m", "moelab.cli", "study", str(path), "--store", str(tmp_path / "s.db"),
+                           "--json"], capture_output=True, text=True, timeout=900)
+
 def test_requests_that_ran_the_same_are_one_configuration_named_after_what_ran():
     ts = [trial(1, "auto", [100, 102], ran="triton"), trial(2, "triton", [101, 99], ran="triton"),
           trial(3, "grouped", [80, 81], ran="grouped"), trial(4, "cutlass", [100, 98], ran="triton")]
@@ -99,10 +107,7 @@ def test_a_study_under_max_concurrency_at_slo_ranks_by_capacity(tmp_path):
                                                 "num_prompts": 8, "rounds": 2},
            "staged": {"finalists": 1, "repeats": 2, "final_launches": 2, "tune_trials": 0},
            "launch": {"timeout_s": 120}}
-    path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    r = subprocess.run([sys.executable, "-m", "moelab.cli", "study", str(path), "--store", str(tmp_path / "s.db"),
-                        "--json"], capture_output=True, text=True, timeout=900)
+    r = run_study(tmp_path, doc)
     assert r.returncode == 0, r.stderr[-3000:]
     rec = json.loads(r.stdout)["recommendation"]
     # 4 running slots admit 4 requests at once: the SLO breaks at 5; with 2 slots at 3
@@ -148,10 +153,7 @@ def test_the_report_shows_what_ran_the_server_metrics_and_the_spread(tmp_path):
            "workload": {"concurrency": [8], "input_len": 16, "output_len": 32, "num_prompts": 16},
            "slo": {"ttft_ms": 5000}, "staged": {"finalists": 1, "repeats": 2, "final_launches": 2},
            "launch": {"timeout_s": 120}}
-    path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump(doc, sort_keys=False))
-    r = subprocess.run([sys.executable, "-m", "moelab.cli", "study", str(path), "--store", str(tmp_path / "s.db"),
-                        "--json"], capture_output=True, text=True, timeout=900)
+    r = run_study(tmp_path, doc)
     assert r.returncode == 0, r.stderr[-3000:]
     rep = subprocess.run([sys.executable, "-m", "moelab.cli", "report", str(tmp_path / "s.db"), "--md",
                           str(tmp_path / "r.md"), "--html", str(tmp_path / "r.html")], capture_output=True, text=True)
