@@ -2,6 +2,7 @@
 
     python3 bench/diagnose_accuracy.py                 # both splits: accuracy, per cause, confusion, time
     python3 bench/diagnose_accuracy.py --misses dev    # also every dev-split miss (never the check split's)
+    python3 bench/diagnose_accuracy.py --split dev     # the dev split alone (while rules are written)
     python3 bench/diagnose_accuracy.py --json
 
 The corpus is tests/data/real-logs/ (251 cases from public issue threads, labelled from the thread's
@@ -54,6 +55,7 @@ def megabyte_log() -> tuple[list[str], str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--misses", choices=["dev"], help="list the misses of the dev split (the check split stays unread)")
+    ap.add_argument("--split", choices=["dev", "check"], help="measure one split only (while rules are written: dev)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     split = json.loads((ROOT / "split.json").read_text())
@@ -74,7 +76,7 @@ def main() -> int:
            "one_mb_log_right": big_got == want, "splits": {}}
     for name in ("dev", "check", "unsplit"):
         rows = results.get(name)
-        if not rows:
+        if not rows or a.split and name != a.split:
             continue
         right = sum(got == c["expected_cause"] for c, got, _ in rows)
         base = sum(c["expected_cause"] == "unknown" for c, _, _ in rows)

@@ -14,7 +14,7 @@ import pytest
 import json
 from pathlib import Path
 
-from moelab.diagnose import classify, guess_engine, load_rules
+from moelab.diagnose import classify, guess_engine, load_rules, strip_prefixes
 from moelab.spec import Cause
 
 CORPUS = Path(__file__).parent / "data" / "real-logs"
@@ -192,3 +192,34 @@ def test_a_bare_kill_says_which_is_likelier_and_how_to_tell():
 
     v = classify(["Killed"], exit_code=-9, oom=OomEvidence(source="cgroup v2", limit_bytes=1 << 30))
     assert v.cause is Cause.killed_external
+
+
+# A pasted answer with no error line: the three ways it is not language, each from a real thread of the dev split.
+BROKEN = {"levanter-1259": "said again within six words", "llama.cpp-17106": "are no word",
+          "mlx-lm-844": "closed by the wrong kind"}
+
+
+@pytest.mark.parametrize("case,why", BROKEN.items(), ids=list(BROKEN))
+def test_a_pasted_answer_that_is_not_language_is_garbage_output(case, why):
+    assert case in json.loads((CORPUS / "split.json").read_text())["dev"], "rules are written on the dev split only"
+    lines = (CORPUS / case / "log.txt").read_text().splitlines()
+    v = classify(lines, engine=guess_engine(lines))
+    assert v.cause is Cause.garbage_output, v
+    ev = v.evidence[0]
+    assert why in ev.source and ev.text[:40] in lines[ev.line - 1]
+
+
+def test_broken_text_reads_only_answers():
+    """No dev-split log of another cause reads as a broken answer (compiler output, process listings, tracebacks),
+    and a printed NaN tensor is the NaN check's, not broken text."""
+    from moelab.diagnose import structure
+
+    split = json.loads((CORPUS / "split.json").read_text())
+    wrong = []
+    for case in split["dev"]:
+        meta = json.loads((CORPUS / case / "meta.json").read_text())
+        texts = [strip_prefixes(x)[0] for x in (CORPUS / case / "log.txt").read_text(errors="replace").splitlines()]
+        if structure.broken_text(texts) and meta["expected_cause"] != "garbage_output":
+            wrong.append(case)
+    assert wrong == []
+    assert structure.broken_text(["tensor([[nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan]])"]) == []

@@ -171,9 +171,36 @@ def _exception_cause(etype: str, msg: str, stack: list[str]) -> tuple[Cause | No
                 return cause, f"raised from {frag.strip('/')}"
     if etype == "CalledProcessError" and re.search(r"\b(ninja|nvcc|gcc|g\+\+|c\+\+|clang|ptxas|ld|cmake|make)\b", msg):
         return Cause.jit_compile_error, "a compiler or build tool failed"
+    said = message_cause(msg)
+    if said is not None:
+        return said, f"its message says {said.value}"
     if etype in BUG_TYPES:
         return Cause.unknown, f"{etype}: a plain software error, no known cause"
     return None, ""
+
+
+# a setting named in a message: `--flag`, a backquoted or quoted snake_case name, or a config key=value
+_SETTING = re.compile(r"(?<![\w-])--[a-z][\w-]+|`[a-z_][\w.]*`|'[a-z]+_[a-z_]+'|\b[a-z]+(?:_[a-z]+)+\b\s*(?:=|\(\d)")
+_CONSTRAINT = re.compile(r"\bmust(?: not)? be\b|\bshould be\b|\brequires?\b|\bgreater than\b|\bless than\b|\bexceeds?\b|"
+                         r"\bnot (?:supported|allowed|compatible)\b|\binvalid\b|\bcannot be\b|\bonly (?:supported|support|allowed)\b|"
+                         r"\bout of range\b|\bexpected\b.*\bgot\b|[<>]=?\s*`?\w", re.I)
+
+
+def message_cause(msg: str) -> Cause | None:
+    """What an exception's message names when its type does not: the cause words (a word of weight
+    3, or two causes' words agreeing on one), or a setting (`--flag`, a snake_case key) held to a
+    constraint (must be, requires, greater than, not supported with), which is a refused
+    configuration."""
+    if not msg:
+        return None
+    from moelab.diagnose import words
+
+    scores = words.score([msg])
+    if scores and scores[0][1] >= 3 and (len(scores) == 1 or scores[0][1] > scores[1][1]):
+        return scores[0][0]
+    if _SETTING.search(msg) and _CONSTRAINT.search(msg):
+        return Cause.bad_args
+    return None
 
 
 # -- native crash reports -----------------------------------------------------------------------
@@ -377,7 +404,74 @@ def degenerate(texts: list[str]) -> list[Finding]:
         n, c = same[0]
         out.append(Finding(Cause.garbage_output, n, texts[n - 1][:300], "structure", 0.55, strength=WEAK,
                            source=f"structure: the same streamed token {c!r} again and again"))
+    if not out:
+        out += broken_text(texts)
     return out[:3]
+
+
+# -- generated text that is not language ---------------------------------------------------------
+# A pasted answer with no error line in it is read as text: words said again within a few words,
+# tokens that are no word of any language (`P23D323D4`, a lone `D`), brackets closed by the wrong
+# kind (`(... class](...}`). Each is normal once in a while; together, over the answer, they are
+# what a broken kernel or quantization makes of a model's output.
+_LOGLIKE = re.compile(r"error|fail|fatal|exception|killed|abort|crash|timeout|timed out|refus|denied|warn|cannot|"
+                      r"unable|traceback|^\s*File \"|\b(?:INFO|DEBUG|WARNING|ERROR)\b|\d\d:\d\d:\d\d|"
+                      r"^\s*(?:at |#\d+ )|\bpid\b|MiB|GiB|it/s|(?:/[\w.-]+){3}|\bterminated\b", re.I)
+_STOP = set("a an the of to in on at by for and or but is are was were be been being it its this that these those "
+            "as with from can could would should will may might not no so if then than there here i you he she we "
+            "they me him her us them my your our their do does did has have had".split())
+_OPEN, _CLOSE = "([{", ")]}"
+
+
+def _mismatched(text: str) -> int:
+    """Brackets closed by the other kind within one line: `(a]`, `{b)`."""
+    stack, bad = [], 0
+    for ch in text:
+        if ch in _OPEN:
+            stack.append(ch)
+        elif ch in _CLOSE and stack:
+            if _OPEN[_CLOSE.index(ch)] != stack.pop():
+                bad += 1
+    return bad
+
+
+def _nonword(tok: str) -> bool:
+    """A token no language spells: letters and digits alternating (`P23D323D4`), a lone capital that
+    is not a word (`D`, `F`)."""
+    if len(tok) == 1:
+        return tok.isupper() and tok not in "IAO"
+    return len(re.findall(r"(?=[A-Z]\d|\d[A-Z])", tok)) >= 3
+
+
+def broken_text(texts: list[str]) -> list[Finding]:
+    lines = [(n, t) for n, t in enumerate(texts, 1) if t.strip()]
+    if not lines or len(lines) > 60 or any(_LOGLIKE.search(t) for _, t in lines):
+        return []  # a log, not a pasted answer
+    toks = [(n, w) for n, t in lines for w in re.findall(r"[^\W_]+", t)]
+    if len(toks) < 8 or any(w.lower() in ("nan", "inf") for _, w in toks):
+        return []  # too little to judge, or numbers that are not numbers: a NaN reading, not broken text
+    if sum(w.isalpha() for _, w in toks) < 0.5 * len(toks) or sum(w.isdigit() for _, w in toks) > 0.3 * len(toks):
+        return []  # a table of figures (a process listing, a metrics dump), not an answer
+    why, at = [], None
+    for n, sentence in ((n, x) for n, t in lines for x in re.split(r"(?<=[.!?])\s", t)):
+        content = [w.lower() for w in re.findall(r"[^\W_]+", sentence) if w.lower() not in _STOP]
+        again = sum(1 for i, w in enumerate(content) if w in content[max(0, i - 6):i])
+        if len(content) >= 10 and again >= 3 and again >= 0.25 * len(content):
+            why.append(f"{again} of {len(content)} words of one sentence said again within six words")
+            at = n
+            break
+    odd = [n for n, w in toks if _nonword(w)]
+    if len(odd) >= 3 and len(odd) >= 0.3 * len(toks):
+        why.append(f"{len(odd)} of {len(toks)} tokens are no word (letter-digit runs, lone capitals)")
+        at = at or odd[0]
+    crossed = [(n, k) for n, t in lines if (k := _mismatched(t))]
+    if sum(k for _, k in crossed) >= 2:
+        why.append(f"{sum(k for _, k in crossed)} brackets closed by the wrong kind")
+        at = at or crossed[0][0]
+    if not why:
+        return []
+    return [Finding(Cause.garbage_output, at, texts[at - 1][:300], "structure", 0.5 + 0.05 * len(why), strength=WEAK,
+                    source="structure: the pasted answer is not language: " + "; ".join(why))]
 
 
 # -- no progress ---------------------------------------------------------------------------
