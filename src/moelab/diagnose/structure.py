@@ -183,7 +183,8 @@ def _exception_cause(etype: str, msg: str, stack: list[str]) -> tuple[Cause | No
 _SETTING = re.compile(r"(?<![\w-])--[a-z][\w-]+|`[a-z_][\w.]*`|'[a-z]+_[a-z_]+'|\b[a-z]+(?:_[a-z]+)+\b\s*(?:=|\(\d)")
 _CONSTRAINT = re.compile(r"\bmust(?: not)? be\b|\bshould be\b|\brequires?\b|\bgreater than\b|\bless than\b|\bexceeds?\b|"
                          r"\bnot (?:supported|allowed|compatible)\b|\binvalid\b|\bcannot be\b|\bonly (?:supported|support|allowed)\b|"
-                         r"\bout of range\b|\bexpected\b.*\bgot\b|[<>]=?\s*`?\w", re.I)
+                         r"\bout of range\b|\bexpected\b.*\bgot\b|[<>]=?\s*`?\w|\b(?:smaller|larger|bigger|lower|higher) than\b|"
+                         r"\bat (?:least|most)\b", re.I)
 
 
 def message_cause(msg: str) -> Cause | None:
@@ -239,8 +240,9 @@ def native_reports(texts: list[str], rule_cause) -> list[Finding]:
 _SIGKILL = re.compile(r"(?:^|[\s\]%|])Killed(?:\s+\S.*)?$|\bexit(?:ed)? with code 137\b|\bexit(?: code|ed| status)[: ]+137\b|"
                       r"\bsignal: killed\b|\bkilled by signal 9\b|\bSIGKILL\b|Exit Code:\s*137|code=137|"
                       r"^(?:zsh|bash|sh): (?:line \d+: )?(?:\d+ )?killed\b|\[\d+\]\s+(?:\+\s+)?\d+ killed\s|"
-                      r"exit ?code:? -9\b|exitcode\s*:\s*-9\b|return ?code:? -9\b|killed by signal: Killed")
-_OOM = re.compile(r"Out of memory: Killed process|oom-kill:|\boom_kill\b|Memory cgroup out of memory|OOMKilled|"
+                      r"exit ?code:? -9\b|exitcode\s*:\s*-9\b|return ?code:? -9\b|killed by signal: Killed|"
+                      r"[Ee]xit code (?:is|was|of) 137\b|exit(?:ed)? with (?:exit )?code -9\b")
+_OOM = re.compile(r"Out of memory: Kill(?:ed)? process|oom-kill:|\boom_kill\b|Memory cgroup out of memory|OOMKilled|"
                   r"killed by the OOM killer|OOM killer|oom-kill event|running low on memory|ray-oom-prevention|"
                   r"memory: usage (\d+)kB, limit \1kB")
 _EXTERNAL = re.compile(r"\bSIGTERM\b|signal 15\b|\b15 death signal|^Terminated$|^\[\d+\]\s+(?:\+\s+)?\d+ terminated\b|"
@@ -250,10 +252,16 @@ _EXTERNAL = re.compile(r"\bSIGTERM\b|signal 15\b|\b15 death signal|^Terminated$|
                        r"scancel|received signal=SIGTERM|Received signal 15|Received Signals\.SIGTERM")
 
 
+# a launcher ending the other ranks after one died (torchrun, Ray): the consequence, not an outside kill
+_TEARDOWN = re.compile(r"Sending process \d+ closing signal SIGTERM|[Kk]illing (?:the )?(?:other|remaining) (?:workers|ranks|processes)")
+
+
 def kills(texts: list[str]) -> tuple[list[Finding], list[Finding], list[Finding]]:
     """(SIGKILL lines, OOM evidence lines, external-kill lines)."""
     k, o, e = [], [], []
     for n, text in enumerate(texts, 1):
+        if _TEARDOWN.search(text):
+            continue
         if _OOM.search(text):
             o.append(Finding(Cause.host_oom, n, text, "structure", 0.9, kind="oom",
                              source="structure: OOM-killer / memory-limit evidence"))

@@ -17,11 +17,13 @@ from moelab.spec import Cause
 # cause -> (pattern, weight); patterns are searched case-insensitively in each line
 WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
     Cause.gpu_oom: ((r"\b(?:cuda|gpu|vram|device|hip)\b.*\b(?:oom|out of memory)\b|\b(?:oom|out of memory)\b.*\b(?:cuda|gpu|vram|device)\b", 3),
-                    (r"\bkv[ -]?cache\b.*\b(?:too small|not enough|insufficient|no room|exceed)", 2), (r"\bcudaMalloc\b", 2)),
+                    (r"\bkv[ -]?cache\b.*\b(?:too small|not enough|insufficient|no room|exceed)", 2), (r"\bcudaMalloc\b", 2),
+                    (r"\b(?:not enough|insufficient)\b.*\b(?:gpu|vram|device|video) memory\b|\bfail\w* to allocate\b.*\b(?:kv[ -]?cache|gpu|vram|cuda|device)\b", 3)),
     Cause.host_oom: ((r"\b(?:system|host|cpu) memory\b|\bRAM\b.*\b(?:exhaust|not enough|insufficient|out of)", 2),
-                     (r"\boom[- ]?kill", 3), (r"cannot allocate memory|\bENOMEM\b", 2)),
+                     (r"\boom[- ]?kill", 3), (r"cannot allocate memory|\bENOMEM\b", 2),
+                     (r"\balloc\w*\b.*\b(?:system|host|cpu) (?:ram|memory)\b", 2)),
     Cause.port_in_use: ((r"\baddress (?:already )?in use\b|\bport\b.*\b(?:in use|taken|busy|occupied)\b", 3),
-                        (r"\b(?:bind|listen)\b.*\b(?:fail|error|denied)", 2)),
+                        (r"\b(?:bind|listen)\b.*\b(?:fail|error|denied)|\bfail\w* to (?:bind|listen)\b", 2)),
     Cause.startup_timeout: ((r"\btime[sd]? ?out\b.*\b(?:start|ready|readiness|startup|load|launch|health)", 3),
                             (r"\b(?:start|ready|startup|load|initiali[sz])\w*\b.*\btime[sd]? ?out\b", 3), (r"not ready (?:after|within)", 3),
                             (r"\b(?:did not|didn't|failed to) (?:respond|answer|become ready)\b.*\b(?:in|within|after) \d+", 2),
