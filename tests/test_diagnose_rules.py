@@ -223,3 +223,34 @@ def test_broken_text_reads_only_answers():
             wrong.append(case)
     assert wrong == []
     assert structure.broken_text(["tensor([[nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan]])"]) == []
+
+
+# (case, the exception line's text after the type, the cause its message names or None)
+MESSAGES = [("vllm-52435", "AssertionError", Cause.bad_args), ("Orpheus-TTS-44", "ValueError", Cause.unsupported_arch),
+            ("text-generation-inference-1354", "ValueError", Cause.bad_args), ("slime-1741", "AttributeError", None)]
+
+
+@pytest.mark.parametrize("case,etype,cause", MESSAGES, ids=[m[0] for m in MESSAGES])
+def test_an_exception_message_names_its_cause_when_its_type_does_not(case, etype, cause):
+    """The exception lines of real logs: a setting held to a constraint is a refused configuration, the cause
+    words of a message decide over that, and a plain bug's message names nothing."""
+    from moelab.diagnose import structure
+
+    line = next(t for t in (strip_prefixes(x)[0] for x in (CORPUS / case / "log.txt").read_text().splitlines())
+                if t.startswith(etype + ": "))
+    assert structure.message_cause(line.split(": ", 1)[1]) is cause
+
+
+# Structure the classifier reads in real logs of the dev split: (case, cause, words of the deciding evidence's source)
+STRUCTURE = {"AMD-SHARK-Studio-965": ("port_in_use", "address-in-use"),  # a chained exception names the first
+             "vllm-34816": ("orphan_leak", "engine's worker process"),  # fuser / rocm-smi rows of VLLM::EngineCore
+             "ollama-12360": ("garbage_output", "chat-template markers"),
+             "llama.cpp-9352": ("gpu_oom", "cuda-oom")}  # ggml's ROCm0 buffer, before the load error it caused
+
+
+@pytest.mark.parametrize("case,want", STRUCTURE.items(), ids=list(STRUCTURE))
+def test_structure_of_real_logs(case, want):
+    assert case in json.loads((CORPUS / "split.json").read_text())["dev"], "rules are written on the dev split only"
+    lines = (CORPUS / case / "log.txt").read_text().splitlines()
+    v = classify(lines, engine=guess_engine(lines))
+    assert v.cause.value == want[0] and want[1] in v.evidence[0].source, v

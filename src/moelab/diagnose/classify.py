@@ -37,6 +37,8 @@ _LIFETIME = re.compile(r"Starting vLLM (?:API )?server|server_args=ServerArgs\(|
                        r"Started server process|Application shutdown complete|moelab\.engine phase=shutdown|"
                        r"^Shutdown complete")
 _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure)\b(?::.*)?$")
+_CHAINED = re.compile(r"^During handling of the above exception, another exception occurred:|"
+                      r"^The above exception was the direct cause of the following exception:")
 _SIGNAL_EXIT = {137: 9, 139: 11, 134: 6, 135: 7, 143: 15, 136: 8, 132: 4}
 _NATIVE = {_signal.SIGSEGV, _signal.SIGABRT, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL}
 
@@ -264,7 +266,14 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
             decided.confidence = 0.65
         elif decided.cause is Cause.unknown and known:  # a plain bug first, a known cause right behind: say both
             nxt = min(known, key=lambda f: f.line or 0)
-            alts[nxt.cause] = 0.45
+            chained = any(_CHAINED.search(t) for t in texts[(decided.line or 0):(nxt.line or 0) - 1])
+            if chained:
+                # Python chained the second exception to the first ("During handling of the above
+                # exception ..."): the one that names a cause says what the first meant
+                alts[Cause.unknown] = 0.3
+                decided = nxt
+            else:
+                alts[nxt.cause] = 0.45
     elif killed9:
         decided, extra_advice = _sigkill(sig, sigkills, externals, oom, phase_hint, alts)
     elif weak:

@@ -289,10 +289,19 @@ _PS_AUX_ROW = re.compile(r"^\S+\s+\d+\s+\d+\.\d+\s+\d+\.\d+\s+\d+\s+\d+\s+\S+\s+
 _LISTENER = re.compile(r"\(LISTEN\)$|^LISTEN\s+\d+\s+\d+\s+\S+:\d+.*users:\(\(")
 
 
+# an engine's worker process by the name it gives itself (setproctitle), in a listing row with its pid:
+# fuser, rocm-smi --showpids, nvidia-smi, ps (a leading "# " of a pasted shell comment is skipped)
+_WORKER_ROW = re.compile(r"^(?:#\s+)?(?:\S+\s+)?\d{3,}\s+(?:\S+\s+)*?(?:VLLM::\w+|sglang::\w+|ray::\w+|VllmWorker\w*|EngineCore\w*)\b")
+
+
 def leftovers(texts: list[str]) -> list[Finding]:
     out = []
-    listing = any(_PS_HEADER.search(t) for t in texts)
+    listing = any(_PS_HEADER.search(t.lstrip("# ")) for t in texts)
     for n, text in enumerate(texts, 1):
+        if listing and _WORKER_ROW.match(text):
+            out.append(Finding(Cause.orphan_leak, n, text, "structure", 0.65, strength=WEAK,
+                               source="structure: a process listing shows an engine's worker process still there"))
+            continue
         if _LEFT.search(text):
             out.append(Finding(Cause.orphan_leak, n, text, "structure", 0.7, strength=WEAK,
                                source="structure: the log says processes or resources stayed behind"))
@@ -429,6 +438,8 @@ _STOP = set("a an the of to in on at by for and or but is are was were be been b
             "as with from can could would should will may might not no so if then than there here i you he she we "
             "they me him her us them my your our their do does did has have had".split())
 _OPEN, _CLOSE = "([{", ")]}"
+# pieces of chat-template tokens the model writes as text (`<end_of_turn>`, `end_of_turn_of_of_turn>`, `<|im_end|>`)
+_TEMPLATE = re.compile(r"<\|?(?:im_)?(?:start|end|eot|turn)\w*|\b(?:end|start)_(?:of_)?(?:turn|text)\w*|<\|(?:im_end|eot_id|endoftext)")
 
 
 def _mismatched(text: str) -> int:
@@ -472,6 +483,16 @@ def broken_text(texts: list[str]) -> list[Finding]:
     if len(odd) >= 3 and len(odd) >= 0.3 * len(toks):
         why.append(f"{len(odd)} of {len(toks)} tokens are no word (letter-digit runs, lone capitals)")
         at = at or odd[0]
+    if not why:
+        words = [w.lower() for _, w in toks if w.lower() not in _STOP and not w.isdigit()]
+        again = sum(1 for i, w in enumerate(words) if w in words[max(0, i - 6):i])
+        if len(words) >= 30 and again >= 0.4 * len(words):
+            why.append(f"{again} of {len(words)} words of the answer said again within six words")
+            at = lines[0][0]
+    leaked = [n for n, t in lines if _TEMPLATE.search(t)]
+    if len(leaked) >= 3:
+        why.append(f"chat-template markers inside the answer on {len(leaked)} lines")
+        at = at or leaked[0]
     crossed = [(n, k) for n, t in lines if (k := _mismatched(t))]
     if sum(k for _, k in crossed) >= 2:
         why.append(f"{sum(k for _, k in crossed)} brackets closed by the wrong kind")

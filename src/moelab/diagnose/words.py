@@ -36,7 +36,8 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
     Cause.native_crash: ((r"\bsegfault|segmentation fault|core dumped|\bsigsegv\b|\bsigabrt\b|\babort(?:ed)?\b|stack smashing|"
                           r"illegal instruction|bus error", 3),),
     Cause.unsupported_arch: ((r"\b(?:not|no longer|isn.t|un)\s?support\w*\b.*\b(?:gpu|device|arch\w*|sm_?\d+|compute capability|"
-                              r"hardware|platform|cuda capability)", 3), (r"\bcompute capability\b", 2), (r"\bsm_?\d{2,3}\b", 1),
+                              r"hardware|platform|cuda capability)", 3), (r"\bonly (?:supported|works|runs) on\b.*\b(?:gpus?|devices?|sm_?\d+|compute capability|"
+                              r"ampere|hopper|blackwell|ada|turing|volta)\b", 3), (r"\bcompute capability\b", 2), (r"\bsm_?\d{2,3}\b", 1),
                              (r"no kernel image", 3)),
     Cause.bad_args: ((r"\bunrecognized (?:argument|option)|\binvalid (?:value|choice|argument|option)|\bunknown (?:argument|option|flag)",
                       3), (r"\bmust be\b.*(?:[<>]|\b(?:less|greater|between|divisible|positive|smaller|larger|at (?:least|most))\b)", 2),
