@@ -207,6 +207,7 @@ def test_a_pasted_answer_that_is_not_language_is_garbage_output(case, why):
     assert v.cause is Cause.garbage_output, v
     ev = v.evidence[0]
     assert why in ev.source and ev.text[:40] in lines[ev.line - 1]
+    assert v.detail["weak"], "read from the text's shape: a supervisor must not take it for a live server's root error"
 
 
 def test_broken_text_reads_only_answers():
@@ -254,3 +255,4 @@ def test_structure_of_real_logs(case, want):
     lines = (CORPUS / case / "log.txt").read_text().splitlines()
     v = classify(lines, engine=guess_engine(lines))
     assert v.cause.value == want[0] and want[1] in v.evidence[0].source, v
+    assert v.detail["weak"] is (want[0] in ("orphan_leak", "garbage_output"))

@@ -358,7 +358,8 @@ def _verdict(d: Finding | None, lines, texts, ranks, exit_code, sig, oom, oom_fo
             or ADVICE.get(cause, "")
         if extra_advice:
             advice = f"{advice} {extra_advice}".strip()
-        detail.update(rule=d.rule_id, rank=d.rank, layer=d.layer, confidence=d.confidence)
+        # weak: read from the shape of the text (degenerate output, leftovers), no error line
+        detail.update(rule=d.rule_id, rank=d.rank, layer=d.layer, confidence=d.confidence, weak=d.strength != STRONG)
         if d.line is not None:
             ev.append(Evidence(kind="log", text=d.text.strip()[:600], line=d.line, source=d.source or d.layer))
         if cause is not Cause.host_oom and d.layer != "structure" or cause is Cause.unknown:

@@ -483,12 +483,6 @@ def broken_text(texts: list[str]) -> list[Finding]:
     if len(odd) >= 3 and len(odd) >= 0.3 * len(toks):
         why.append(f"{len(odd)} of {len(toks)} tokens are no word (letter-digit runs, lone capitals)")
         at = at or odd[0]
-    if not why:
-        words = [w.lower() for _, w in toks if w.lower() not in _STOP and not w.isdigit()]
-        again = sum(1 for i, w in enumerate(words) if w in words[max(0, i - 6):i])
-        if len(words) >= 30 and again >= 0.4 * len(words):
-            why.append(f"{again} of {len(words)} words of the answer said again within six words")
-            at = lines[0][0]
     leaked = [n for n, t in lines if _TEMPLATE.search(t)]
     if len(leaked) >= 3:
         why.append(f"chat-template markers inside the answer on {len(leaked)} lines")

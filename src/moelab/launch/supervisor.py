@@ -348,7 +348,8 @@ class Supervisor:
         a hang) kept as evidence. None when the log names no cause."""
         v = classify(self.log.snapshot(), engine=self.adapter.name,
                      phase_hint=(self.phase if self._ready else Phase.launch).value)
-        if v.cause in (Cause.unknown, Cause.killed_external) or v.detail.get("layer") not in ("rule", "structure"):
+        if v.cause in (Cause.unknown, Cause.killed_external) or v.detail.get("layer") not in ("rule", "structure") \
+                or v.detail.get("weak"):  # text that merely looks degenerate or like a leftover is no root error
             return None
         if fallback is not None:
             v.evidence += [Evidence(kind=e.kind, text=e.text, line=e.line, source=e.source) for e in fallback.evidence[:2]]
