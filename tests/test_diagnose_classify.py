@@ -129,3 +129,20 @@ def test_embedded_cuda_graph_capture_failure_names_the_inner_error():
            "moelab.engine error: Capture cuda graph failed: OutOfMemoryError: CUDA out of memory."]
     v = classify(log, exit_code=1)
     assert v.cause is Cause.gpu_oom and v.evidence[0].line == 4
+
+
+def test_a_real_ctrl_c_is_a_person_stopping_it_and_says_how_to_see_a_hang():
+    """A real Python process stopped with SIGINT (what Ctrl-C sends) writes a real KeyboardInterrupt traceback."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-c", "import time\nprint('serving', flush=True)\ntime.sleep(60)"],
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert p.stdout.readline().strip() == "serving"
+    time.sleep(0.2)
+    p.send_signal(signal.SIGINT)
+    lines = ["serving", *p.communicate(timeout=10)[0].splitlines()]
+    assert lines[-1] == "KeyboardInterrupt"
+    v = classify(lines, exit_code=p.returncode)
+    assert v.cause is Cause.killed_external and "Ctrl-C" in v.advice
+    assert Cause.hang in [a.cause for a in v.alternatives]

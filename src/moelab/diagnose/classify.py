@@ -300,6 +300,16 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
         decided = Finding(cause, n, texts[n - 1], "words", round(min(0.6, 0.3 + 0.3 * s / total), 2),
                           source=f"cause words: score {s:g} of {total:g} over the log")
 
+    if decided is not None and decided.extra.get("type") == "KeyboardInterrupt":
+        hung = next(((n, sc) for c, sc, n in scores if c is Cause.hang and sc >= 2), None)
+        if hung:  # stopped by hand because it had stopped making progress: the hang is the cause
+            alts[Cause.killed_external] = 0.5
+            decided = Finding(Cause.hang, hung[0], texts[hung[0] - 1], "words", 0.6,
+                              source=f"cause words: a hang (score {hung[1]:g}) before a Ctrl-C (KeyboardInterrupt)")
+        else:
+            alts[Cause.hang] = 0.35
+            extra_advice = ("Someone pressed Ctrl-C (KeyboardInterrupt). If it was stuck, the traceback above shows where "
+                            "it waited; rerun and take `py-spy dump --pid PID` while it hangs.")
     for f in [*strong, *weak, *wrappers]:
         if f.cause is not Cause.unknown and (decided is None or f.cause is not decided.cause):
             alts[f.cause] = max(alts.get(f.cause, 0), round(f.confidence * 0.6, 2))

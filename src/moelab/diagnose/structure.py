@@ -68,6 +68,7 @@ TYPE_CAUSE: dict[str, Cause] = {
     "EntryNotFoundError": Cause.model_load_error,
     "LocalEntryNotFoundError": Cause.model_load_error,
     "HFValidationError": Cause.model_load_error,
+    "KeyboardInterrupt": Cause.killed_external,  # Ctrl-C: a person stopped it (classify asks whether it hung first)
 }
 # types that, with no rule for their message, are plain software bugs: `unknown`, the error kept
 BUG_TYPES = {"AttributeError", "TypeError", "NameError", "KeyError", "IndexError", "ZeroDivisionError",
@@ -240,7 +241,7 @@ def native_reports(texts: list[str], rule_cause) -> list[Finding]:
 _SIGKILL = re.compile(r"(?:^|[\s\]%|])Killed(?:\s+\S.*)?$|\bexit(?:ed)? with code 137\b|\bexit(?: code|ed| status)[: ]+137\b|"
                       r"\bsignal: killed\b|\bkilled by signal 9\b|\bSIGKILL\b|Exit Code:\s*137|code=137|"
                       r"^(?:zsh|bash|sh): (?:line \d+: )?(?:\d+ )?killed\b|\[\d+\]\s+(?:\+\s+)?\d+ killed\s|"
-                      r"exit ?code:? -9\b|exitcode\s*:\s*-9\b|return ?code:? -9\b|killed by signal: Killed|"
+                      r"exit ?code:? -9\b|exitcode\s*:\s*-9\b|return ?code:? -9\b|killed by signal: Killed|^Killed: 9$|"
                       r"[Ee]xit code (?:is|was|of) 137\b|exit(?:ed)? with (?:exit )?code -9\b")
 _OOM = re.compile(r"Out of memory: Kill(?:ed)? process|oom-kill:|\boom_kill\b|Memory cgroup out of memory|OOMKilled|"
                   r"killed by the OOM killer|OOM killer|oom-kill event|running low on memory|ray-oom-prevention|"

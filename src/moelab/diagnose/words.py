@@ -16,7 +16,8 @@ from moelab.spec import Cause
 
 # cause -> (pattern, weight); patterns are searched case-insensitively in each line
 WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
-    Cause.gpu_oom: ((r"\b(?:cuda|gpu|vram|device|hip)\b.*\b(?:oom|out of memory)\b|\b(?:oom|out of memory)\b.*\b(?:cuda|gpu|vram|device)\b", 3),
+    Cause.gpu_oom: ((r"\b(?:cuda|gpu|vram|device|hip|mps|xpu|npu|metal|rocm|vulkan)\b.*\b(?:oom|out of memory)\b|"
+                     r"\b(?:oom|out of memory)\b.*\b(?:cuda|gpu|vram|device)\b", 3),
                     (r"\bkv[ -]?cache\b.*\b(?:too small|not enough|insufficient|no room|exceed)", 2), (r"\bcudaMalloc\b", 2),
                     (r"\b(?:not enough|insufficient)\b.*\b(?:gpu|vram|device|video) memory\b|\bfail\w* to allocate\b.*\b(?:kv[ -]?cache|gpu|vram|cuda|device)\b", 3)),
     Cause.host_oom: ((r"\b(?:system|host|cpu) memory\b|\bRAM\b.*\b(?:exhaust|not enough|insufficient|out of)", 2),
