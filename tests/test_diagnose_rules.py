@@ -246,7 +246,8 @@ def test_an_exception_message_names_its_cause_when_its_type_does_not(case, etype
 STRUCTURE = {"AMD-SHARK-Studio-965": ("port_in_use", "address-in-use"),  # a chained exception names the first
              "vllm-34816": ("orphan_leak", "engine's worker process"),  # fuser / rocm-smi rows of VLLM::EngineCore
              "ollama-12360": ("garbage_output", "chat-template markers"),
-             "llama.cpp-9352": ("gpu_oom", "cuda-oom")}  # ggml's ROCm0 buffer, before the load error it caused
+             "llama.cpp-9352": ("gpu_oom", "cuda-oom"),  # ggml's ROCm0 buffer, before the load error it caused
+             "trax-270": ("gpu_oom", "cuda-oom")}  # XLA on TPU: HBM, not CUDA
 
 
 @pytest.mark.parametrize("case,want", STRUCTURE.items(), ids=list(STRUCTURE))
@@ -256,3 +257,14 @@ def test_structure_of_real_logs(case, want):
     v = classify(lines, engine=guess_engine(lines))
     assert v.cause.value == want[0] and want[1] in v.evidence[0].source, v
     assert v.detail["weak"] is (want[0] in ("orphan_leak", "garbage_output"))
+
+
+def test_macos_one_line_terminate_is_read_like_linux_terminate():
+    """libc++abi says the exception's type and what() on one line; what() decides, as after `terminate called`."""
+    from moelab.diagnose import structure
+
+    texts = [strip_prefixes(x)[0] for x in (CORPUS / "vmlx-58" / "log.txt").read_text().splitlines()]
+    from moelab.diagnose.classify import _matcher
+
+    found = structure.native_reports(texts, _matcher(load_rules(None)).root_cause)
+    assert found and found[0].cause is Cause.gpu_oom and "what() says gpu_oom" in found[0].source

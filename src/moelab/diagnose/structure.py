@@ -207,6 +207,8 @@ def message_cause(msg: str) -> Cause | None:
 
 # -- native crash reports -----------------------------------------------------------------------
 _TERMINATE = re.compile(r"terminate called after throwing an instance of '([^']+)'")
+# macOS's C++ runtime says it on one line: "libc++abi: terminating due to uncaught exception of type T: what"
+_LIBCXXABI = re.compile(r"libc\+\+abi(?:\.dylib)?: terminating (?:due to|with) uncaught exception of type ([\w<>]+(?:::[\w<>]+)*)(?:: (.*))?")
 _WHAT = re.compile(r"^what\(\):\s*(.*)$")
 _FAULTHANDLER = re.compile(r"^Fatal Python error: (Segmentation fault|Aborted|Bus error|Floating point exception|"
                            r"Illegal instruction)")
@@ -216,9 +218,10 @@ def native_reports(texts: list[str], rule_cause) -> list[Finding]:
     """C++ terminate (refined by its what() message through `rule_cause(text)`), faulthandler dumps."""
     out = []
     for n, text in enumerate(texts, 1):
-        m = _TERMINATE.search(text)
+        m = _TERMINATE.search(text) or _LIBCXXABI.search(text)
         if m:
-            what = next((w.group(1) for t in texts[n:n + 3] if (w := _WHAT.match(t))), "")
+            what = (m.group(2) or "") if m.re is _LIBCXXABI else \
+                next((w.group(1) for t in texts[n:n + 3] if (w := _WHAT.match(t))), "")
             inner = rule_cause(what) if what else None
             if inner is not None and inner is not Cause.unknown:
                 out.append(Finding(cause=inner, line=n, text=f"{text} what(): {what}"[:400], layer="structure",
