@@ -21,15 +21,18 @@ MOE, FP4, ATTN = "--moe-runner-backend", "--fp4-gemm-backend", "--attention-back
 FRAC, GRAPH = "--mem-fraction-static", "--cuda-graph-max-bs"
 
 
-def run(tmp_path: Path, doc: dict, *extra: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
+def run(tmp_path: Path, doc: dict, *extra: str, step_s: float = 0.02) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """The study `doc` over the simulator, its decode step `step_s` seconds at batch 0. Most of a
+    launch is moelab's probe (its prompts one at a time, about 200 tokens in all), so the step sets
+    the test's time; 20 ms still leaves a load of 8 concurrent requests far from client-bound."""
     base = {"name": "sim", "engine": "command", "command": [sys.executable, str(SIM), "--port", "{port}"],
             "workload": {"concurrency": [8], "input_len": 16, "output_len": 6, "num_prompts": 8},
-            "launch": {"timeout_s": 60}, "staged": {"finalists": 1, "repeats": 2}}
+            "launch": {"timeout_s": 60}, "staged": {"finalists": 1, "repeats": 2, "final_launches": 1}}
     base.update(doc)
     path = tmp_path / "sim.yaml"
     path.write_text(yaml.safe_dump(base, sort_keys=False))
     store = tmp_path / "sim.db"
-    env = {**os.environ, "MOELAB_SIM_STEP_S": "0.05"}  # a step of 50 ms: quick, and no client-bound load
+    env = {**os.environ, "MOELAB_SIM_STEP_S": str(step_s)}
     r = subprocess.run([sys.executable, "-m", "moelab.cli", "study", str(path), "--store", str(store), "--json",
                         *extra], capture_output=True, text=True, timeout=900, env=env)
     trials = []
@@ -88,13 +91,14 @@ def test_a_knob_that_matters_only_under_load_is_tuned_and_said_so(tmp_path):
     r, trials = run(tmp_path, {
         "base": {MOE: "flashinfer_cutlass", FP4: "auto", ATTN: "fa3", FRAC: 0.85, GRAPH: 64},
         "axes": {MOE: ["flashinfer_cutlass"], GRAPH: {"low": 64, "high": 512, "step": 64}},
-        "reference": None, "staged": {"tune_trials": 5, "finalists": 1, "repeats": 2, "final_launches": 1},
-        "workload": {"concurrency": [8, 96], "input_len": 16, "output_len": 16, "rounds": 2}})
+        "reference": None, "staged": {"tune_trials": 3, "finalists": 1, "repeats": 2, "final_launches": 1},
+        "workload": {"concurrency": [8, 96], "input_len": 16, "output_len": 16, "rounds": 2}},
+        step_s=0.05)  # 50 ms: a 2-core machine's client streams 96 requests' tokens without being the bound
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads(r.stdout)
     (tu,) = s["tuning"]
     knob = tu["knobs"][GRAPH]
-    assert tu["launches"] <= 5 and knob["best"] >= 128, tu
+    assert tu["launches"] <= 3 and knob["best"] >= 128, tu
     # (a 2-core machine streaming 16 tokens per request measures low loads within about 10 %)
     assert knob["effect"]["96"] > 0.15 and knob["effect"]["8"] < knob["effect"]["96"] / 2, knob["effect"]
     # every graph size from 128 on holds the 96 requests' decode batch: those are one plateau, and the
