@@ -14,13 +14,12 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from moelab.store import Store
 from moelab.study.executors import Need
 from moelab.study.executors.local import LocalExecutor, resolve_parallel, shares
 
-from test_study_process import fakes_of
+from test_study_process import fakes_of, study_cmd as study, study_file
 
 pytestmark = [pytest.mark.embedded]
 
@@ -32,13 +31,7 @@ def write_study(tmp_path: Path, **kw) -> Path:
            "strategy": "grid", "workload": {"concurrency": [2], "input_len": 8, "output_len": 8, "num_prompts": 4},
            "staged": {"finalists": 1, "repeats": 2, "final_launches": 1}, "launch": {"timeout_s": 120}}
     doc.update(kw)
-    p = tmp_path / "study.yaml"
-    p.write_text(yaml.safe_dump(doc))
-    return p
-
-
-def study(path: Path, store: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "moelab.cli", "study", str(path), "--store", str(store), "--json", *extra]
+    return study_file(tmp_path, doc)
 
 
 def overlapping(trials: list[dict]) -> list[tuple[dict, dict]]:

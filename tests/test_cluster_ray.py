@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -21,7 +20,7 @@ import pytest
 from moelab.store import Store
 
 from test_cluster_local import write_study
-from test_study_process import fakes_of
+from test_study_process import fakes_of, study_cmd as study
 
 pytestmark = [pytest.mark.ray, pytest.mark.embedded, pytest.mark.slow, pytest.mark.process]
 SRC = str(Path(__file__).resolve().parents[1] / "src")
@@ -40,10 +39,6 @@ def cluster():
         yield c
     finally:
         c.shutdown()
-
-
-def study(path: Path, store: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "moelab.cli", "study", str(path), "--store", str(store), "--json", *extra]
 
 
 def env() -> dict:

@@ -32,6 +32,10 @@ def write_study(tmp_path: Path, **kw) -> Path:
            "workload": {"concurrency": [1, 4], "input_len": 8, "output_len": 6, "num_prompts": 6},
            "staged": {"tune_trials": 2, "finalists": 2, "repeats": 2, "bench_in_screen": False}, "launch": {"timeout_s": 30}}
     doc.update(kw)
+    return study_file(tmp_path, doc)
+
+
+def study_file(tmp_path: Path, doc: dict) -> Path:
     p = tmp_path / "study.yaml"
     p.write_text(yaml.safe_dump(doc))
     return p
