@@ -146,3 +146,31 @@ def test_a_real_ctrl_c_is_a_person_stopping_it_and_says_how_to_see_a_hang():
     v = classify(lines, exit_code=p.returncode)
     assert v.cause is Cause.killed_external and "Ctrl-C" in v.advice
     assert Cause.hang in [a.cause for a in v.alternatives]
+
+
+STARTS_AND_WAITS = """import subprocess, sys
+print(sys.argv[1], flush=True)
+subprocess.run(["sleep", "60"])  # a helper that never returns
+"""
+
+
+@pytest.mark.parametrize("said,cause", [("Loading chat adapter", Cause.hang),
+                                        ("INFO:     Uvicorn running on http://127.0.0.1:8000", Cause.killed_external)])
+def test_a_real_ctrl_c_that_finds_startup_blocked_in_a_wait_is_a_hang(said, cause):
+    """A real process stopped with SIGINT while it waits on a child that never returns: before it said it was up,
+    the Ctrl-C found it stuck (a hang, the wait named); once a server said it was up, a Ctrl-C is a person ending it."""
+    import signal
+    import time
+
+    p = subprocess.Popen([sys.executable, "-c", STARTS_AND_WAITS, said], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    assert p.stdout.readline().strip() == said
+    time.sleep(0.5)
+    p.send_signal(signal.SIGINT)
+    lines = [said, *p.communicate(timeout=10)[0].splitlines()]
+    assert "KeyboardInterrupt" in lines
+    v = classify(lines, exit_code=p.returncode)
+    assert v.cause is cause, v
+    if cause is Cause.hang:
+        assert "blocked in" in v.evidence[0].source and v.evidence[0].text.lstrip().startswith("File ")
+        assert Cause.killed_external in [a.cause for a in v.alternatives]

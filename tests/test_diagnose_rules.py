@@ -268,3 +268,28 @@ def test_macos_one_line_terminate_is_read_like_linux_terminate():
 
     found = structure.native_reports(texts, _matcher(load_rules(None)).root_cause)
     assert found and found[0].cause is Cause.gpu_oom and "what() says gpu_oom" in found[0].source
+
+
+# Cause words that decide where no rule or structure does, each on a real log of the dev split:
+# (case, cause, words of the deciding line)
+WORDED = {"exllamav2-383": ("gpu_oom", "Insufficient VRAM"),  # exllamav2's own words, no CUDA OOM line
+          "onnxruntime-16307": ("gpu_oom", "BFCArena"),  # a device allocator's arena that could not grow
+          "TensorRT-LLM-1671": ("unsupported_arch", "not supported on Volta"),  # a GPU generation named
+          "djl-serving-1725": ("bad_args", "not supported for this model"),  # a feature switched on for a model
+          "tensorrtllm_backend-271": ("bad_args", "When KV cache block reuse is set"),  # a setting's requirement
+          "ollama-8761": ("bad_args", "no such host"),  # OLLAMA_HOST with a full-width colon: a malformed address
+          "ollama-6839": ("bad_args", "invalid port")}
+
+
+@pytest.mark.parametrize("case,want", WORDED.items(), ids=list(WORDED))
+def test_cause_words_of_real_logs(case, want):
+    assert case in json.loads((CORPUS / "split.json").read_text())["dev"], "rules are written on the dev split only"
+    lines = (CORPUS / case / "log.txt").read_text().splitlines()
+    v = classify(lines, engine=guess_engine(lines))
+    assert v.cause.value == want[0] and want[1] in v.evidence[0].text, v
+
+
+def test_a_well_formed_unknown_host_is_no_flag_error():
+    """A host name that could be real and is not found is the network's business, not a malformed setting."""
+    v = classify(['Error: Head "http://ollama.internal:11434/": dial tcp: lookup ollama.internal: no such host'])
+    assert v.cause is not Cause.bad_args

@@ -302,10 +302,19 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
 
     if decided is not None and decided.extra.get("type") == "KeyboardInterrupt":
         hung = next(((n, sc) for c, sc, n in scores if c is Cause.hang and sc >= 2), None)
+        waited = _interrupted_wait(texts, decided.line or 0)
         if hung:  # stopped by hand because it had stopped making progress: the hang is the cause
             alts[Cause.killed_external] = 0.5
             decided = Finding(Cause.hang, hung[0], texts[hung[0] - 1], "words", 0.6,
                               source=f"cause words: a hang (score {hung[1]:g}) before a Ctrl-C (KeyboardInterrupt)")
+        elif waited:  # Ctrl-C while it still started, blocked in a wait: it was stuck there
+            alts[Cause.killed_external] = 0.45
+            decided = Finding(Cause.hang, waited[0], texts[waited[0] - 1], "structure", 0.55,
+                              source=f"structure: Ctrl-C (KeyboardInterrupt) reached it blocked in {waited[1]}() "
+                                     "before it said it was ready")
+            extra_advice = ("It was waiting in the frame above when someone pressed Ctrl-C, before the server was ready: "
+                            "find what that call waits on (a subprocess, a lock, a peer); rerun and take "
+                            "`py-spy dump --pid PID` while it waits.")
         else:
             alts[Cause.hang] = 0.35
             extra_advice = ("Someone pressed Ctrl-C (KeyboardInterrupt). If it was stuck, the traceback above shows where "
@@ -319,6 +328,32 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
             alts[cause] = max(alts.get(cause, 0), round(0.4 * s / total, 2))
     return _verdict(decided, lines, texts, ranks, exit_code, sig, oom, oom_found, phase_hint, rules, wrappers,
                     alts, extra_advice)
+
+
+# calls that block until something else happens: a Ctrl-C that lands in one found the process waiting
+_WAIT_FUNCS = {"select", "poll", "epoll", "wait", "_wait", "_try_wait", "wait_for", "_wait_for_tstate_lock", "communicate",
+               "_communicate", "acquire", "join", "recv", "recv_into", "accept", "read", "readline", "readinto", "sleep",
+               "get", "result", "barrier", "synchronize"}
+_FRAME = re.compile(r'^\s*File "[^"]+", line \d+, in (\S+)$')
+# a server that said it was up: a Ctrl-C after this is a person ending a working server
+_UP = re.compile(r"Uvicorn running on|Application startup complete|server is listening|listening on|Running on http|"
+                 r"\bready\b.*\b(?:serve|serving|requests|roll)|The server is fired up", re.I)
+
+
+def _interrupted_wait(texts: list[str], line: int) -> tuple[int, str] | None:
+    """(line, function) of a blocking wait among the three innermost frames of the traceback a
+    KeyboardInterrupt ended, when nothing before it said the server was up; else None."""
+    if line <= 1 or any(_UP.search(t) for t in texts[:line - 1]):
+        return None
+    frames = []
+    for n in range(line - 1, max(0, line - 60), -1):
+        t = texts[n - 1]
+        if t.startswith("Traceback"):
+            break
+        m = _FRAME.match(t)
+        if m:
+            frames.append((n, m.group(1)))
+    return next(((n, f) for n, f in frames[:3] if f in _WAIT_FUNCS), None)
 
 
 def _sigkill(sig, sigkills: list[Finding], externals: list[Finding], oom: OomEvidence | None, phase_hint: str | None,

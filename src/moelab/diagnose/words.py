@@ -14,12 +14,19 @@ import re
 
 from moelab.spec import Cause
 
+# GPU generations and parts named in "not supported on X"
+_ARCHES = (r"kepler|maxwell|pascal|volta|turing|ampere|ada(?: lovelace)?|hopper|blackwell|gfx\d{3,4}\w?|cdna\d?|rdna\d?|"
+           r"mi\d{2,3}x?|[vpt]100|t4|a10g?|a100|h100|h200|b200|l4|l40s?|rtx ?\d{4}|gtx ?\d{3,4}|sm_?\d{2,3}")
 # cause -> (pattern, weight); patterns are searched case-insensitively in each line
 WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
     Cause.gpu_oom: ((r"\b(?:cuda|gpu|vram|device|hip|mps|xpu|npu|metal|rocm|vulkan)\b.*\b(?:oom|out of memory)\b|"
                      r"\b(?:oom|out of memory)\b.*\b(?:cuda|gpu|vram|device)\b", 3),
                     (r"\bkv[ -]?cache\b.*\b(?:too small|not enough|insufficient|no room|exceed)", 2), (r"\bcudaMalloc\b", 2),
-                    (r"\b(?:not enough|insufficient)\b.*\b(?:gpu|vram|device|video) memory\b|\bfail\w* to allocate\b.*\b(?:kv[ -]?cache|gpu|vram|cuda|device)\b", 3)),
+                    (r"\b(?:not enough|insufficient)\b.*\b(?:gpu|vram|device|video) memory\b|\bfail\w* to allocate\b.*\b(?:kv[ -]?cache|gpu|vram|cuda|device)\b", 3),
+                    # "Insufficient VRAM for model and cache", "ran out of VRAM"
+                    (r"\b(?:not enough|insufficient|out of|ran out of|exceeds?(?: the)?(?: available)?)\s+(?:free\s+)?vram\b", 3),
+                    # a device allocator's arena (ONNX Runtime's BFCArena, TensorFlow's GPU_0_bfc) that could not grow
+                    (r"\b(?:bfc ?arena|gpu_\d+_bfc|cuda ?arena)\b.*\b(?:fail\w* to allocate|ran out of memory|out of memory)\b", 3)),
     Cause.host_oom: ((r"\b(?:system|host|cpu) memory\b|\bRAM\b.*\b(?:exhaust|not enough|insufficient|out of)", 2),
                      (r"\boom[- ]?kill", 3), (r"cannot allocate memory|\bENOMEM\b", 2),
                      (r"\balloc\w*\b.*\b(?:system|host|cpu) (?:ram|memory)\b", 2)),
@@ -39,10 +46,20 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
     Cause.unsupported_arch: ((r"\b(?:not|no longer|isn.t|un)\s?support\w*\b.*\b(?:gpu|device|arch\w*|sm_?\d+|compute capability|"
                               r"hardware|platform|cuda capability)", 3), (r"\bonly (?:supported|works|runs) on\b.*\b(?:gpus?|devices?|sm_?\d+|compute capability|"
                               r"ampere|hopper|blackwell|ada|turing|volta)\b", 3), (r"\bcompute capability\b", 2), (r"\bsm_?\d{2,3}\b", 1),
+                             # "PagedKV Context FMHA is not supported on Volta": a feature refused on a named GPU generation
+                             (r"\b(?:not|isn.t|un)\s?(?:yet )?support\w*\b (?:on|for|by) (?:the )?(?:nvidia |amd )?(?:"
+                              + _ARCHES + r")\b", 3),
                              (r"no kernel image", 3)),
     Cause.bad_args: ((r"\bunrecognized (?:argument|option)|\binvalid (?:value|choice|argument|option)|\bunknown (?:argument|option|flag)",
                       3), (r"\bmust be\b.*(?:[<>]|\b(?:less|greater|between|divisible|positive|smaller|larger|at (?:least|most))\b)", 2),
-                     (r"\bnot divisible\b|\bincompatible\b.*\b(?:flag|option|argument|setting)", 2), (r"^usage: ", 2)),
+                     (r"\bnot divisible\b|\bincompatible\b.*\b(?:flag|option|argument|setting)", 2), (r"^usage: ", 2),
+                     # a feature switched on where it cannot be: "Paged KV cache is not supported for this model yet",
+                     # "When KV cache block reuse is set, model has to be built with paged context FMHA support"
+                     (r"\bis not (?:yet )?supported (?:for|with|by) (?:this|the) (?:model|checkpoint|architecture|quantization|engine)\b|"
+                      r"\bwhen\b.{3,80}\b(?:is|are) (?:set|enabled|on|used|true)\b.{0,80}\b(?:must|has to|have to|needs? to|requires?)\b", 2),
+                     # a malformed address in a setting ("WARN invalid port", a host with a colon or a stray character)
+                     (r"\binvalid (?:port|host|hostname|address|url|endpoint)\b|"
+                      r"\blookup (?:[^\s:]*[:%\\\u3000-\uffff][^\s]*|[A-Za-z]): no such host\b", 3)),
     Cause.model_load_error: ((r"\b(?:error|fail\w*) (?:loading|to load|to read)\b.*\b(?:model|weights?|checkpoint|tokenizer|gguf)", 3),
                              (r"unknown (?:model )?architecture|architectures? .* not supported|trust[_ -]remote[_ -]code", 3),
                              (r"invalid magic|corrupt\w*\b.*\b(?:file|model|weights)", 2)),
