@@ -196,7 +196,9 @@ def test_a_bare_kill_says_which_is_likelier_and_how_to_tell():
 
 # A pasted answer with no error line: the three ways it is not language, each from a real thread of the dev split.
 BROKEN = {"levanter-1259": "said again within six words", "llama.cpp-17106": "are no word",
-          "mlx-lm-844": "closed by the wrong kind"}
+          "mlx-lm-844": "closed by the wrong kind", "gpt-fast-179": "5 times in a row",
+          "mistral.rs-956": "letters no language writes",  # with the server's own lines around the answer
+          "lmstudio-bug-tracker-1276": "word salad"}
 
 
 @pytest.mark.parametrize("case,why", BROKEN.items(), ids=list(BROKEN))
@@ -224,6 +226,19 @@ def test_broken_text_reads_only_answers():
             wrong.append(case)
     assert wrong == []
     assert structure.broken_text(["tensor([[nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan, nan]])"]) == []
+
+
+def test_written_prose_is_not_broken_text():
+    """Paragraphs people wrote -- this repository's README and docs (markdown, figures, acronyms, commands) and
+    every case note of the corpus -- never read as a broken answer."""
+    from moelab.diagnose import structure
+
+    root = Path(__file__).parent.parent
+    paras = [p.splitlines() for f in [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+             for p in f.read_text().split("\n\n") if p.strip() and "```" not in p and not p.startswith(("|", "    "))]
+    paras += [[json.loads(m.read_text())["note"]] for m in sorted(CORPUS.glob("*/meta.json"))]
+    assert len(paras) > 500
+    assert [p[0][:80] for p in paras if structure.broken_text(p)] == []
 
 
 # (case, the exception line's text after the type, the cause its message names or None)
@@ -278,7 +293,8 @@ WORDED = {"exllamav2-383": ("gpu_oom", "Insufficient VRAM"),  # exllamav2's own 
           "djl-serving-1725": ("bad_args", "not supported for this model"),  # a feature switched on for a model
           "tensorrtllm_backend-271": ("bad_args", "When KV cache block reuse is set"),  # a setting's requirement
           "ollama-8761": ("bad_args", "no such host"),  # OLLAMA_HOST with a full-width colon: a malformed address
-          "ollama-6839": ("bad_args", "invalid port")}
+          "ollama-6839": ("bad_args", "invalid port"),
+          "Halide-8288": ("kernel_resource_limit", "shared memory")}  # Vulkan's limit, worded as a spec violation
 
 
 @pytest.mark.parametrize("case,want", WORDED.items(), ids=list(WORDED))

@@ -435,6 +435,8 @@ def degenerate(texts: list[str]) -> list[Finding]:
 # tokens that are no word of any language (`P23D323D4`, a lone `D`), brackets closed by the wrong
 # kind (`(... class](...}`). Each is normal once in a while; together, over the answer, they are
 # what a broken kernel or quantization makes of a model's output.
+_ERRORLIKE = re.compile(r"error|fail|fatal|exception|killed|abort|crash|timeout|timed out|refus|denied|warn|cannot|"
+                        r"unable|traceback|^\s*File \"|\bterminated\b|\bsegmentation\b|core dumped", re.I)
 _LOGLIKE = re.compile(r"error|fail|fatal|exception|killed|abort|crash|timeout|timed out|refus|denied|warn|cannot|"
                       r"unable|traceback|^\s*File \"|\b(?:INFO|DEBUG|WARNING|ERROR)\b|\d\d:\d\d:\d\d|"
                       r"^\s*(?:at |#\d+ )|\bpid\b|MiB|GiB|it/s|(?:/[\w.-]+){3}|\bterminated\b", re.I)
@@ -444,6 +446,36 @@ _STOP = set("a an the of to in on at by for and or but is are was were be been b
 _OPEN, _CLOSE = "([{", ")]}"
 # pieces of chat-template tokens the model writes as text (`<end_of_turn>`, `end_of_turn_of_of_turn>`, `<|im_end|>`)
 _TEMPLATE = re.compile(r"<\|?(?:im_)?(?:start|end|eot|turn)\w*|\b(?:end|start)_(?:of_)?(?:turn|text)\w*|<\|(?:im_end|eot_id|endoftext)")
+
+
+# word salad: words of a language in an order none of its writers uses -- a function word capitalised
+# inside a sentence ("users It C"), an article before a function word ("the there", "a a"), markup
+# left half open (one `**`, a `#` between words, a bracket never closed on its line)
+_ARTICLES = {"the", "a", "an"}
+_FUNCTION = {"the", "a", "an", "there", "and", "of", "to", "is", "it", "this", "that", "in", "on", "at", "by", "for",
+             "or", "but", "was", "were", "are", "be", "with", "from", "as", "its", "his", "her", "their", "our", "my",
+             "your"}
+_CAP_FUNCTION = {"The", "It", "This", "That", "An", "And", "Of", "To", "Is", "In", "On", "For", "With", "But", "Or",
+                 "Are", "Was", "From"}
+_AFTER_BREAK = re.compile(r"[.!?:;\"'“”‘’(\[\-—*#>|]$")
+
+
+def _salad(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """[(line, kind)] of grammar slips: "capital" (a function word capitalised mid-sentence), "article"
+    (an article before a function word), "markup" (markup left half open on its line)."""
+    out = []
+    for n, t in lines:
+        prev = None
+        for w in re.findall(r"[^\W_]+|[^\w\s]+", t):
+            if re.match(r"[^\W_]+$", w) and prev is not None:
+                if w in _CAP_FUNCTION and not _AFTER_BREAK.search(prev):
+                    out.append((n, "capital"))
+                if prev.lower() in _ARTICLES and w.lower() in _FUNCTION:
+                    out.append((n, "article"))
+            prev = w
+        out += [(n, "markup")] * (t.count("**") % 2 + len(re.findall(r"(?<=\S\s)#(?=\s)", t))
+                                  + (t.count("(") != t.count(")")))
+    return out
 
 
 def _mismatched(text: str) -> int:
@@ -460,16 +492,36 @@ def _mismatched(text: str) -> int:
 
 def _nonword(tok: str) -> bool:
     """A token no language spells: letters and digits alternating (`P23D323D4`), a lone capital that
-    is not a word (`D`, `F`)."""
+    is not a word (`D`, `F`), a syllable stuttered on (`heheheheh`, `axaxaxax`)."""
     if len(tok) == 1:
         return tok.isupper() and tok not in "IAO"
-    return len(re.findall(r"(?=[A-Z]\d|\d[A-Z])", tok)) >= 3
+    return len(re.findall(r"(?=[A-Z]\d|\d[A-Z])", tok)) >= 3 or bool(_STUTTER.search(tok))
+
+
+_STUTTER = re.compile(r"([^\W\d_]{2,3})\1{3,}")
+# one token that is a decoder's loop by itself: a syllable six times over, a letter ten times (not the
+# x's of a redacted key), or 40 letters unbroken
+_LOOPED = re.compile(r"((?!([^\W\d_])\2)[^\W\d_]{2,3})\1{5,}|([^\W\d_xX])\3{9,}")
+
+
+def _run(toks: list[tuple[int, str]]) -> tuple[int, str, int] | None:
+    """(line, word, count) of a word written four or more times in a row ("Care Care Care Care"), the
+    loop a broken decoder falls into; None when there is none."""
+    best, count = None, 1
+    for (_, prev), (n, w) in zip(toks, toks[1:]):
+        count = count + 1 if w.lower() == prev.lower() and not w.isdigit() else 1
+        if count >= 4 and (best is None or count > best[2]):
+            best = (n, w, count)
+    return best
 
 
 def broken_text(texts: list[str]) -> list[Finding]:
     lines = [(n, t) for n, t in enumerate(texts, 1) if t.strip()]
-    if not lines or len(lines) > 60 or any(_LOGLIKE.search(t) for _, t in lines):
-        return []  # a log, not a pasted answer
+    if not lines or len(lines) > 60 or any(_ERRORLIKE.search(t) for _, t in lines):
+        return []  # a log with an error in it, not a pasted answer
+    lines = [(n, t) for n, t in lines if not _LOGLIKE.search(t)]  # a server's own lines around the answer
+    if not lines:
+        return []
     toks = [(n, w) for n, t in lines for w in re.findall(r"[^\W_]+", t)]
     if len(toks) < 8 or any(w.lower() in ("nan", "inf") for _, w in toks):
         return []  # too little to judge, or numbers that are not numbers: a NaN reading, not broken text
@@ -483,10 +535,24 @@ def broken_text(texts: list[str]) -> list[Finding]:
             why.append(f"{again} of {len(content)} words of one sentence said again within six words")
             at = n
             break
+    if not why:
+        run = _run(toks)
+        if run:
+            why.append(f"{run[1]!r} {run[2]} times in a row")
+            at = run[0]
     odd = [n for n, w in toks if _nonword(w)]
     if len(odd) >= 3 and len(odd) >= 0.3 * len(toks):
         why.append(f"{len(odd)} of {len(toks)} tokens are no word (letter-digit runs, lone capitals)")
         at = at or odd[0]
+    elif (loop := next(((n, w) for n, w in toks if _LOOPED.search(w) or len(w) >= 40 and w.isalpha()), None)):
+        why.append(f"a run of {len(loop[1])} letters no language writes ({loop[1][:24]}...)")
+        at = at or loop[0]
+    salad = _salad(lines)
+    words = sum(1 for _, w in toks if w.isalpha())
+    if len(salad) >= 3 and len(salad) >= 0.15 * words and len({k for _, k in salad}) >= 2:
+        kinds = sorted({k for _, k in salad})
+        why.append(f"word salad: {len(salad)} slips of grammar no writer makes ({', '.join(kinds)})")
+        at = at or salad[0][0]
     leaked = [n for n, t in lines if _TEMPLATE.search(t)]
     if len(leaked) >= 3:
         why.append(f"chat-template markers inside the answer on {len(leaked)} lines")

@@ -67,8 +67,9 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                               (r"cannot find -l\w+|undefined reference|collect2: error|\bld returned\b", 3)),
     Cause.collective_error: ((r"\bnccl\b|\bc10d\b|\bgloo\b|\brendezvous\b|\ball[-_ ]?reduce\b|\bprocessgroup", 2),
                              (r"\bcollective\b", 1)),
-    Cause.kernel_resource_limit: ((r"\bshared memory\b.*\b(?:exceed|limit|too much|required)|\btoo many resources\b|"
-                                   r"\bout of resources?\b|\bregisters?\b.*\b(?:exceed|too many)", 3),),
+    Cause.kernel_resource_limit: ((r"\bshared memory\b.*\b(?:exceed|limit|too much|required|(?:more|larger|greater) than)|"
+                                   r"\btoo many resources\b|\bout of resources?\b|\bregisters?\b.*\b(?:exceed|too many)|"
+                                   r"\bmax\w*SharedMemory\w*", 3),),
     Cause.illegal_memory_access: ((r"illegal (?:memory access|address|instruction)|device-side assert|misaligned address|"
                                    r"\bxid\b|launch failure", 3),),
     Cause.orphan_leak: ((r"\borphan\w*|\bzombie\b|\bleak\w*\b|left behind|still (?:running|alive)|reparent", 2),),
