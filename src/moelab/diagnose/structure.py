@@ -444,6 +444,8 @@ _STOP = set("a an the of to in on at by for and or but is are was were be been b
             "as with from can could would should will may might not no so if then than there here i you he she we "
             "they me him her us them my your our their do does did has have had".split())
 _OPEN, _CLOSE = "([{", ")]}"
+# the user's turn in a pasted chat transcript (ollama and llama.cpp's `>>>`/`>` prompts, "User:")
+_PROMPT = re.compile(r"^\s*(?:>>>|>|User:|USER:|### (?:Human|User):)\s*")
 # pieces of chat-template tokens the model writes as text (`<end_of_turn>`, `end_of_turn_of_of_turn>`, `<|im_end|>`)
 _TEMPLATE = re.compile(r"<\|?(?:im_)?(?:start|end|eot|turn)\w*|\b(?:end|start)_(?:of_)?(?:turn|text)\w*|<\|(?:im_end|eot_id|endoftext)")
 
@@ -522,6 +524,12 @@ def broken_text(texts: list[str]) -> list[Finding]:
     lines = [(n, t) for n, t in lines if not _LOGLIKE.search(t)]  # a server's own lines around the answer
     if not lines:
         return []
+    prompts = [n for n, t in lines if _PROMPT.match(t)]
+    answers = [(n, t) for n, t in lines if n not in prompts]
+    if len(prompts) >= 2 and answers and not any(re.search(r"[^\W\d_]", t) for _, t in answers):
+        return [Finding(Cause.garbage_output, answers[0][0], texts[answers[0][0] - 1][:300], "structure", 0.55,
+                        strength=WEAK, source=f"structure: a chat transcript whose answers to {len(prompts)} prompts "
+                                              "hold no letter, only symbols")]
     toks = [(n, w) for n, t in lines for w in re.findall(r"[^\W_]+", t)]
     if len(toks) < 8 or any(w.lower() in ("nan", "inf") for _, w in toks):
         return []  # too little to judge, or numbers that are not numbers: a NaN reading, not broken text
