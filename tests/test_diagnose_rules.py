@@ -294,7 +294,9 @@ WORDED = {"exllamav2-383": ("gpu_oom", "Insufficient VRAM"),  # exllamav2's own 
           "tensorrtllm_backend-271": ("bad_args", "When KV cache block reuse is set"),  # a setting's requirement
           "ollama-8761": ("bad_args", "no such host"),  # OLLAMA_HOST with a full-width colon: a malformed address
           "ollama-6839": ("bad_args", "invalid port"),
-          "Halide-8288": ("kernel_resource_limit", "shared memory")}  # Vulkan's limit, worded as a spec violation
+          "Halide-8288": ("kernel_resource_limit", "shared memory"),  # Vulkan's limit, worded as a spec violation
+          "TensorRT-LLM-346": ("gpu_oom", "OutOfMemory"),  # TensorRT's engine builder
+          "ktransformers-637": ("host_oom", "killed as a result of limit of host")}  # an older kernel's cgroup OOM
 
 
 @pytest.mark.parametrize("case,want", WORDED.items(), ids=list(WORDED))

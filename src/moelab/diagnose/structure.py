@@ -248,7 +248,8 @@ _SIGKILL = re.compile(r"(?:^|[\s\]%|])Killed(?:\s+\S.*)?$|\bexit(?:ed)? with cod
                       r"[Ee]xit code (?:is|was|of) 137\b|exit(?:ed)? with (?:exit )?code -9\b")
 _OOM = re.compile(r"Out of memory: Kill(?:ed)? process|oom-kill:|\boom_kill\b|Memory cgroup out of memory|OOMKilled|"
                   r"killed by the OOM killer|OOM killer|oom-kill event|running low on memory|ray-oom-prevention|"
-                  r"memory: usage (\d+)kB, limit \1kB")
+                  r"memory: usage (\d+)kB, limit \1kB|"
+                  r"\bTask in /\S* killed as a result of limit of")  # older kernels' memory-cgroup OOM report
 _EXTERNAL = re.compile(r"\bSIGTERM\b|signal 15\b|\b15 death signal|^Terminated$|^\[\d+\]\s+(?:\+\s+)?\d+ terminated\b|"
                        r"\d+ Terminated\s|exit(?:ed)? with code 143|exit(?: code|ed| status)[: ]+143|signal: terminated|"
                        r"[Ll]iveness probe failed|failed liveness probe|\bEvicted\b|Stopping container|"

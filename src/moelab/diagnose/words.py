@@ -25,6 +25,9 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                     (r"\b(?:not enough|insufficient)\b.*\b(?:gpu|vram|device|video) memory\b|\bfail\w* to allocate\b.*\b(?:kv[ -]?cache|gpu|vram|cuda|device)\b", 3),
                     # "Insufficient VRAM for model and cache", "ran out of VRAM"
                     (r"\b(?:not enough|insufficient|out of|ran out of|exceeds?(?: the)?(?: available)?)\s+(?:free\s+)?vram\b", 3),
+                    # TensorRT: "Requested amount of GPU memory (N bytes) could not be allocated", "Error Code 2: OutOfMemory"
+                    (r"\b(?:gpu|device|cuda|vram) memory\b.*\b(?:could not|cannot|can't|unable to) be allocated\b|"
+                     r"\bError Code \d+: OutOfMemory\b", 3),
                     # a device allocator's arena (ONNX Runtime's BFCArena, TensorFlow's GPU_0_bfc) that could not grow
                     (r"\b(?:bfc ?arena|gpu_\d+_bfc|cuda ?arena)\b.*\b(?:fail\w* to allocate|ran out of memory|out of memory)\b", 3)),
     Cause.host_oom: ((r"\b(?:system|host|cpu) memory\b|\bRAM\b.*\b(?:exhaust|not enough|insufficient|out of)", 2),
