@@ -285,7 +285,7 @@ def test_macos_one_line_terminate_is_read_like_linux_terminate():
     assert found and found[0].cause is Cause.gpu_oom and "what() says gpu_oom" in found[0].source
 
 
-# Cause words that decide where no rule or structure does, each on a real log of the dev split:
+# Cause words (and a launcher's kill line) that decide where no rule does, each on a real log of the dev split:
 # (case, cause, words of the deciding line)
 WORDED = {"exllamav2-383": ("gpu_oom", "Insufficient VRAM"),  # exllamav2's own words, no CUDA OOM line
           "onnxruntime-16307": ("gpu_oom", "BFCArena"),  # a device allocator's arena that could not grow
@@ -296,7 +296,8 @@ WORDED = {"exllamav2-383": ("gpu_oom", "Insufficient VRAM"),  # exllamav2's own 
           "ollama-6839": ("bad_args", "invalid port"),
           "Halide-8288": ("kernel_resource_limit", "shared memory"),  # Vulkan's limit, worded as a spec violation
           "TensorRT-LLM-346": ("gpu_oom", "OutOfMemory"),  # TensorRT's engine builder
-          "ktransformers-637": ("host_oom", "killed as a result of limit of host")}  # an older kernel's cgroup OOM
+          "ktransformers-637": ("host_oom", "killed as a result of limit of host"),  # an older kernel's cgroup OOM
+          "autotrain-advanced-456": ("host_oom", "SIGKILL")}  # a launcher's error that its child was SIGKILLed
 
 
 @pytest.mark.parametrize("case,want", WORDED.items(), ids=list(WORDED))
@@ -311,3 +312,13 @@ def test_a_well_formed_unknown_host_is_no_flag_error():
     """A host name that could be real and is not found is the network's business, not a malformed setting."""
     v = classify(['Error: Head "http://ollama.internal:11434/": dial tcp: lookup ollama.internal: no such host'])
     assert v.cause is not Cause.bad_args
+
+
+def test_a_signal_name_in_angle_brackets_is_no_setting_held_to_a_bound():
+    """`<Signals.SIGKILL: 9>` is Python's repr of a signal, not a comparison: no flag refusal is read from it,
+    while real bounds still are."""
+    from moelab.diagnose import structure
+
+    assert structure.message_cause("Command '['python3', '-m', 'x', '--training_config', 'p.json']' died with "
+                                   "<Signals.SIGKILL: 9>.") is None
+    assert structure.message_cause("`max_num_seqs` must be <= 256, got 512") is Cause.bad_args

@@ -147,6 +147,8 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
             frames.pop(rank, None)
             continue
         stack = frames.pop(rank, [])
+        if _CHILD_KILLED.search(msg):
+            continue  # a launcher's error that its child was killed: the kill (and its reason) is the evidence
         path = next((p for p in reversed(stack) if not p.endswith(("/subprocess.py", "/threading.py"))), None)
         cause, why = _exception_cause(etype, msg, stack)
         if cause is None and had_header and not etype.endswith("Warning"):
@@ -159,6 +161,10 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
                            source=f"structure: {etype}{' raised in ' + (package_of(path) or path) if path else ''}"
                                   f" ({why})", extra={"type": etype, "message": msg, "package": package_of(path or "")}))
     return out
+
+
+# a launcher's exception whose message says its child died of SIGKILL / SIGTERM
+_CHILD_KILLED = re.compile(r"died with <Signals\.SIG(?:KILL|TERM): (?:9|15)>|non-zero exit status -(?:9|15)\b")
 
 
 def _exception_cause(etype: str, msg: str, stack: list[str]) -> tuple[Cause | None, str]:
@@ -184,7 +190,7 @@ def _exception_cause(etype: str, msg: str, stack: list[str]) -> tuple[Cause | No
 _SETTING = re.compile(r"(?<![\w-])--[a-z][\w-]+|`[a-z_][\w.]*`|'[a-z]+_[a-z_]+'|\b[a-z]+(?:_[a-z]+)+\b\s*(?:=|\(\d)")
 _CONSTRAINT = re.compile(r"\bmust(?: not)? be\b|\bshould be\b|\brequires?\b|\bgreater than\b|\bless than\b|\bexceeds?\b|"
                          r"\bnot (?:supported|allowed|compatible)\b|\binvalid\b|\bcannot be\b|\bonly (?:supported|support|allowed)\b|"
-                         r"\bout of range\b|\bexpected\b.*\bgot\b|[<>]=?\s*`?\w|\b(?:smaller|larger|bigger|lower|higher) than\b|"
+                         r"\bout of range\b|\bexpected\b.*\bgot\b|(?<=[\w\s)`])\s?[<>]=?\s*`?[\w.-]*\d|\s[<>]=?\s+`?\w|\b(?:smaller|larger|bigger|lower|higher) than\b|"
                          r"\bat (?:least|most)\b", re.I)
 
 
