@@ -12,6 +12,7 @@ from __future__ import annotations
 import pytest
 
 import json
+import re
 from pathlib import Path
 
 from moelab.diagnose import classify, guess_engine, load_rules, strip_prefixes
@@ -322,3 +323,30 @@ def test_a_signal_name_in_angle_brackets_is_no_setting_held_to_a_bound():
     assert structure.message_cause("Command '['python3', '-m', 'x', '--training_config', 'p.json']' died with "
                                    "<Signals.SIGKILL: 9>.") is None
     assert structure.message_cause("`max_num_seqs` must be <= 256, got 512") is Cause.bad_args
+
+
+# What launchers and log collectors put before each line of an engine's log
+WRAPPERS = {"journald": lambda t: f"Jan 26 17:48:20 gpu-node-3 python3[1418]: {t}",
+            "docker compose": lambda t: f"vllm-server-1  | {t}",
+            "kubectl --timestamps": lambda t: f"2025-03-04T10:11:12.123456789Z {t}",
+            "kubectl --prefix": lambda t: f"[pod/vllm-0/server] {t}",
+            "srun --label": lambda t: f"0: {t}",
+            "ANSI colours": lambda t: re.sub(r"\b(ERROR|WARNING|INFO|Error|error)\b", "\x1b[31m\\1\x1b[0m", t),
+            "CRLF": lambda t: t + "\r"}
+
+
+@pytest.mark.parametrize("wrapper", WRAPPERS, ids=list(WRAPPERS))
+def test_every_dev_log_reads_the_same_through_a_launchers_prefix(wrapper):
+    """A log collected by journald, docker compose, kubectl or srun, or coloured, reads as the log itself: the verdict
+    on every dev-split log is unchanged."""
+    wrap = WRAPPERS[wrapper]
+    changed = []
+    for case in json.loads((CORPUS / "split.json").read_text())["dev"]:
+        meta = json.loads((CORPUS / case / "meta.json").read_text())
+        lines = (CORPUS / case / "log.txt").read_text(errors="replace").splitlines()
+        wrapped = [wrap(t) for t in lines]
+        plain = classify(lines, exit_code=meta.get("exit_code"), engine=guess_engine(lines)).cause
+        through = classify(wrapped, exit_code=meta.get("exit_code"), engine=guess_engine(wrapped)).cause
+        if through is not plain:
+            changed.append(f"{case}: {plain.value} -> {through.value}")
+    assert changed == []

@@ -11,6 +11,8 @@ Engines and their launchers wrap each line in their own way; the same error read
     'ggml_backend_cuda_buffer_type_alloc_buffer: x'
     >>> strip_prefixes("[rank3]: torch.distributed.DistBackendError: NCCL error")
     ('torch.distributed.DistBackendError: NCCL error', 'rank3')
+    >>> strip_prefixes("1: [pod/vllm-1/server] Killed")
+    ('Killed', '1')
 """
 from __future__ import annotations
 
@@ -55,6 +57,9 @@ _PREFIXES = [
     re.compile(r"^\[\d\d:\d\d:\d\d\] [\w/]+/(?:INFO|WARN|WARNING|ERROR|DEBUG)\s+"),
     # Go log: "2023/09/26 23:40:47 llama.go:346: "
     re.compile(r"^\d{4}/\d\d/\d\d \d\d:\d\d:\d\d(?: [\w.-]+:\d+:)? "),
+    # kubectl logs --prefix: "[pod/vllm-0/server] "; srun --label: "3: " (the task's rank)
+    re.compile(r"^\[pod/[\w.-]+/[\w.-]+\]\s"),
+    re.compile(r"^(?P<rank>\d{1,3}):(?: |$)"),
     # bare "INFO:     " (uvicorn), "[TRT-LLM] [E] "
     re.compile(r"^(?:INFO|ERROR|WARNING):\s+"),
 ]
