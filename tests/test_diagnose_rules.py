@@ -350,3 +350,20 @@ def test_every_dev_log_reads_the_same_through_a_launchers_prefix(wrapper):
         if through is not plain:
             changed.append(f"{case}: {plain.value} -> {through.value}")
     assert changed == []
+
+
+@pytest.mark.parametrize("width,kept", [(120, 0.99), (80, 0.97)])
+def test_a_log_hard_wrapped_at_a_terminals_width_reads_as_the_log(width, kept):
+    """Pasted from a terminal that breaks long lines at its width, a real log still gets its verdict: the
+    wrapped lines are joined again before they are read (classify.unwrap)."""
+    same = total = 0
+    for case in json.loads((CORPUS / "split.json").read_text())["dev"]:
+        meta = json.loads((CORPUS / case / "meta.json").read_text())
+        lines = (CORPUS / case / "log.txt").read_text(errors="replace").splitlines()
+        wrapped = [t[i:i + width] for t in lines for i in range(0, max(len(t), 1), width)]
+        if wrapped == lines:
+            continue
+        total += 1
+        plain = classify(lines, exit_code=meta.get("exit_code"), engine=guess_engine(lines)).cause
+        same += classify(wrapped, exit_code=meta.get("exit_code"), engine=guess_engine(wrapped)).cause is plain
+    assert total > 100 and same >= kept * total, f"{same} of {total} wrapped logs kept their verdict"

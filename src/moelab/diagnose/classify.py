@@ -184,6 +184,42 @@ def _matcher(rules: tuple[Rule, ...]) -> _Matcher:
 _MATCHERS: dict[int, _Matcher] = {}
 
 
+def unwrap(lines: list[str]) -> list[str]:
+    """A log hard-wrapped at a terminal's width, lines joined again: when the longest lines all have one
+    length (at least 60, at least twice, or once in a paste of up to four lines), each of them continues
+    on the next line. The continuation's
+    place is left blank, so line numbers still point into the log as given.
+
+    >>> log = ["loading " + "." * 47 + "RuntimeError: CUDA out of", " memory", "=" * 80, "done"]
+    >>> unwrap(log)[:2]
+    ['loading ...............................................RuntimeError: CUDA out of memory', '']
+    """
+    lens = [len(t.rstrip("\r\n")) for t in lines]
+    width = max(lens, default=0)
+    if width < 60 or lens.count(width) > 0.8 * len(lines) or lens.count(width) < (1 if len(lines) <= 4 else 2):
+        return list(lines)  # a short paste may be one long line wrapped once
+    out, i = list(lines), 0
+    while i < len(out) - 1:
+        j = i
+        while j < len(out) - 1 and lens[j] == width and not out[j].rstrip().endswith((".", "!", "?")) \
+                and not _record_start(out[j + 1], out[i]):
+            j += 1  # a line wrapped more than once continues on several
+        if j > i:
+            out[i] = "".join(t.rstrip("\r\n") for t in out[i:j + 1])
+            for k in range(i + 1, j + 1):
+                out[k] = ""
+        i = j + 1
+    return out
+
+
+def _record_start(line: str, record: str) -> bool:
+    """A line that begins a record of its own (a log prefix, the record's own first characters, a traceback),
+    not the rest of a wrapped one: periodic log lines are often of one length."""
+    t = line.strip()
+    return (not t or strip_prefixes(line)[0] != t or line[:12] == record[:12]
+            or t.startswith(("Traceback", "File \"")))
+
+
 def classify(lines: list[str], *, exit_code: int | None = None, signal: int | None = None,
              engine: str | None = None, oom: OomEvidence | None = None,
              phase_hint: str | None = None, rules: tuple[Rule, ...] | None = None) -> Verdict:
@@ -196,7 +232,7 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
     rules = rules if rules is not None else load_rules(engine)
     m = _matcher(rules)
     texts, ranks = [], []
-    for raw in lines:
+    for raw in unwrap(lines):
         t, r = strip_prefixes(raw)
         texts.append(t)
         ranks.append(r)
