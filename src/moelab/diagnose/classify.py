@@ -196,8 +196,13 @@ def unwrap(lines: list[str]) -> list[str]:
     """
     lens = [len(t.rstrip("\r\n")) for t in lines]
     width = max(lens, default=0)
-    if width < 60 or lens.count(width) > 0.8 * len(lines) or lens.count(width) < (1 if len(lines) <= 4 else 2):
-        return list(lines)  # a short paste may be one long line wrapped once
+    once = lens.count(width) == 1 and len(lines) <= 4  # a short paste may be one long line wrapped once,
+    if width < 60 or lens.count(width) > 0.8 * len(lines) or (lens.count(width) < 2 and not once):
+        return list(lines)
+    if once:  # ... then the break falls inside a sentence: what follows is no new capitalised statement
+        k = lens.index(width)
+        if k == len(lines) - 1 or not re.match(r"[a-z\s(,;:/._-]", lines[k + 1][:1] or "A"):
+            return list(lines)
     out, i = list(lines), 0
     while i < len(out) - 1:
         j = i
