@@ -173,3 +173,41 @@ def test_find_refuses_bad_usage_with_a_clear_error():
         r = subprocess.run([*MOELAB, "bench", "--url", "http://127.0.0.1:9", *args], capture_output=True, text=True,
                            timeout=60)
         assert r.returncode == 2 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+
+
+def test_a_scrape_counts_when_it_was_asked_not_when_a_busy_client_read_it():
+    """A real HTTP server renders /metrics when asked and answers late (as a starved client reads it late): the
+    scrape belongs to the moment it was asked, so one asked before the load does not count as under load."""
+    import http.server
+    import threading
+    import time
+
+    from moelab.load.server_metrics import Scraper
+
+    asked: list[float] = []
+
+    class Slow(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            asked.append(time.monotonic())
+            body = f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {len(asked) - 1}\n".encode()
+            time.sleep(0.3)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        s = Scraper(f"http://127.0.0.1:{srv.server_port}", interval_s=10)
+        s.start()  # the baseline, rendered with 0 running, read 0.3 s later
+        start = time.monotonic()
+        s.mark(start - 0.1, start + 5)  # a load that began after the baseline was asked
+        w = s.stop()
+    finally:
+        srv.shutdown()
+    assert s.scrapes[0][0] <= asked[0] + 0.05  # stamped when asked, not when read
+    assert w.running is not None and w.running.n == 1 and w.running.peak == 1  # only the scrape asked under load

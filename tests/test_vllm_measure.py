@@ -41,7 +41,9 @@ def test_effective_backends_from_the_log_and_metrics_under_load(model, tmp_path)
         # ready means moelab's readiness token and probe are done too: nothing else loads the server
         deadline, said = time.monotonic() + 200, ""
         while "watching it" not in said:
-            assert p.poll() is None, p.communicate()[0][-3000:]
+            if p.poll() is not None:
+                out, err = p.communicate()
+                raise AssertionError(f"moelab launch ended (rc {p.returncode}): {out[-3000:]}\n{said[-2000:]}{err[-2000:]}")
             assert time.monotonic() < deadline, "vLLM did not come up"
             if select.select([p.stderr], [], [], 0.5)[0]:
                 said += p.stderr.readline()

@@ -243,8 +243,9 @@ class Scraper:
     def _get(self) -> bool:
         try:
             req = urllib.request.Request(self.url, headers=self.headers)
+            asked = time.monotonic()  # the server renders the text when asked; a busy client may read it late
             with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                self.scrapes.append((time.monotonic(), r.read().decode("utf-8", errors="replace")))
+                self.scrapes.append((asked, r.read().decode("utf-8", errors="replace")))
             return True
         except urllib.error.HTTPError as e:
             self.note = (f"GET /metrics answered {e.code}" + (": no Prometheus metrics there (SGLang serves them "
