@@ -332,12 +332,13 @@ WRAPPERS = {"journald": lambda t: f"Jan 26 17:48:20 gpu-node-3 python3[1418]: {t
             "kubectl --prefix": lambda t: f"[pod/vllm-0/server] {t}",
             "srun --label": lambda t: f"0: {t}",
             "ANSI colours": lambda t: re.sub(r"\b(ERROR|WARNING|INFO|Error|error)\b", "\x1b[31m\\1\x1b[0m", t),
-            "CRLF": lambda t: t + "\r"}
+            "CRLF": lambda t: t + "\r",
+            "quoted in a reply": lambda t: "> " + t}
 
 
 @pytest.mark.parametrize("wrapper", WRAPPERS, ids=list(WRAPPERS))
 def test_every_dev_log_reads_the_same_through_a_launchers_prefix(wrapper):
-    """A log collected by journald, docker compose, kubectl or srun, or coloured, reads as the log itself: the verdict
+    """A log collected by journald, docker compose, kubectl or srun, coloured, or quoted, reads as the log itself: the verdict
     on every dev-split log is unchanged."""
     wrap = WRAPPERS[wrapper]
     changed = []

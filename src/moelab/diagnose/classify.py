@@ -184,6 +184,19 @@ def _matcher(rules: tuple[Rule, ...]) -> _Matcher:
 _MATCHERS: dict[int, _Matcher] = {}
 
 
+def unquote(lines: list[str]) -> list[str]:
+    """A log pasted as a quotation (every line behind `> `, as a reply quotes it), the quotation marks off;
+    a chat transcript, where only the user's turns carry `>`, is left as it is.
+
+    >>> unquote(["> Traceback (most recent call last):", ">   File 'x.py', line 1", "> ", "> MemoryError"])[-1]
+    'MemoryError'
+    """
+    told = [t for t in lines if t.strip()]
+    if not told or not all(t.startswith(">") and not t.startswith(">>>") for t in told):
+        return list(lines)
+    return [t[2:] if t.startswith("> ") else t[1:] if t.startswith(">") else t for t in lines]
+
+
 def unwrap(lines: list[str]) -> list[str]:
     """A log hard-wrapped at a terminal's width, lines joined again: when the longest lines all have one
     length (at least 60, at least twice, or once in a paste of up to four lines), each of them continues
@@ -237,7 +250,7 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
     rules = rules if rules is not None else load_rules(engine)
     m = _matcher(rules)
     texts, ranks = [], []
-    for raw in unwrap(lines):
+    for raw in unwrap(unquote(lines)):
         t, r = strip_prefixes(raw)
         texts.append(t)
         ranks.append(r)
