@@ -187,7 +187,7 @@ def test_a_scrape_counts_when_it_was_asked_not_when_a_busy_client_read_it():
     asked: list[float] = []
 
     class Slow(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             asked.append(time.monotonic())
             body = f"# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running {len(asked) - 1}\n".encode()
             time.sleep(0.3)

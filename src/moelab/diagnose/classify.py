@@ -194,7 +194,7 @@ def unquote(lines: list[str]) -> list[str]:
     told = [t for t in lines if t.strip()]
     if not told or not all(t.startswith(">") and not t.startswith(">>>") for t in told):
         return list(lines)
-    return [t[2:] if t.startswith("> ") else t[1:] if t.startswith(">") else t for t in lines]
+    return [t.removeprefix(">").removeprefix(" ") if t.strip() else t for t in lines]
 
 
 def unwrap(lines: list[str]) -> list[str]:

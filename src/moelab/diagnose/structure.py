@@ -19,6 +19,7 @@ Each detector returns `Finding`s: a cause, the 1-based line, the text, and how s
 """
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass, field
 
@@ -517,7 +518,7 @@ def _run(toks: list[tuple[int, str]]) -> tuple[int, str, int] | None:
     """(line, word, count) of a word written four or more times in a row ("Care Care Care Care"), the
     loop a broken decoder falls into; None when there is none."""
     best, count = None, 1
-    for (_, prev), (n, w) in zip(toks, toks[1:]):
+    for (_, prev), (n, w) in itertools.pairwise(toks):
         count = count + 1 if w.lower() == prev.lower() and not w.isdigit() else 1
         if count >= 4 and (best is None or count > best[2]):
             best = (n, w, count)
