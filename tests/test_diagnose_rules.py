@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+import functools
 import json
 import re
 from pathlib import Path
@@ -336,20 +337,28 @@ WRAPPERS = {"journald": lambda t: f"Jan 26 17:48:20 gpu-node-3 python3[1418]: {t
             "quoted in a reply": lambda t: "> " + t}
 
 
+@functools.cache
+def _dev_verdicts() -> tuple[tuple[dict, list[str], Cause], ...]:
+    """(meta, lines, verdict) of every dev-split log as given, read once for the tests that change how it arrives."""
+    out = []
+    for case in json.loads((CORPUS / "split.json").read_text())["dev"]:
+        meta = json.loads((CORPUS / case / "meta.json").read_text())
+        lines = (CORPUS / case / "log.txt").read_text(errors="replace").splitlines()
+        out.append((meta, lines, classify(lines, exit_code=meta.get("exit_code"), engine=guess_engine(lines)).cause))
+    return tuple(out)
+
+
 @pytest.mark.parametrize("wrapper", WRAPPERS, ids=list(WRAPPERS))
 def test_every_dev_log_reads_the_same_through_a_launchers_prefix(wrapper):
     """A log collected by journald, docker compose, kubectl or srun, coloured, or quoted, reads as the log itself: the verdict
     on every dev-split log is unchanged."""
     wrap = WRAPPERS[wrapper]
     changed = []
-    for case in json.loads((CORPUS / "split.json").read_text())["dev"]:
-        meta = json.loads((CORPUS / case / "meta.json").read_text())
-        lines = (CORPUS / case / "log.txt").read_text(errors="replace").splitlines()
+    for meta, lines, plain in _dev_verdicts():
         wrapped = [wrap(t) for t in lines]
-        plain = classify(lines, exit_code=meta.get("exit_code"), engine=guess_engine(lines)).cause
         through = classify(wrapped, exit_code=meta.get("exit_code"), engine=guess_engine(wrapped)).cause
         if through is not plain:
-            changed.append(f"{case}: {plain.value} -> {through.value}")
+            changed.append(f"{meta['source']}: {plain.value} -> {through.value}")
     assert changed == []
 
 
@@ -358,13 +367,10 @@ def test_a_log_hard_wrapped_at_a_terminals_width_reads_as_the_log(width, kept):
     """Pasted from a terminal that breaks long lines at its width, a real log still gets its verdict: the
     wrapped lines are joined again before they are read (classify.unwrap)."""
     same = total = 0
-    for case in json.loads((CORPUS / "split.json").read_text())["dev"]:
-        meta = json.loads((CORPUS / case / "meta.json").read_text())
-        lines = (CORPUS / case / "log.txt").read_text(errors="replace").splitlines()
+    for meta, lines, plain in _dev_verdicts():
         wrapped = [t[i:i + width] for t in lines for i in range(0, max(len(t), 1), width)]
         if wrapped == lines:
             continue
         total += 1
-        plain = classify(lines, exit_code=meta.get("exit_code"), engine=guess_engine(lines)).cause
         same += classify(wrapped, exit_code=meta.get("exit_code"), engine=guess_engine(wrapped)).cause is plain
     assert total > 100 and same >= kept * total, f"{same} of {total} wrapped logs kept their verdict"
