@@ -196,7 +196,14 @@ def test_a_bare_kill_says_which_is_likelier_and_how_to_tell():
     assert v.cause is Cause.killed_external
 
 
-# A pasted answer with no error line: the three ways it is not language, each from a real thread of the dev split.
+def _dev_case(case: str):
+    """(lines, verdict) of a real log of the dev split, read as `moelab diagnose` reads it."""
+    assert case in json.loads((CORPUS / "split.json").read_text())["dev"], "rules are written on the dev split only"
+    lines = (CORPUS / case / "log.txt").read_text().splitlines()
+    return lines, classify(lines, engine=guess_engine(lines))
+
+
+# A pasted answer with no error line: the ways it is not language, each from a real thread of the dev split.
 BROKEN = {"levanter-1259": "said again within six words", "llama.cpp-17106": "are no word",
           "mlx-lm-844": "closed by the wrong kind", "gpt-fast-179": "5 times in a row",
           "mistral.rs-956": "letters no language writes",  # with the server's own lines around the answer
@@ -205,9 +212,7 @@ BROKEN = {"levanter-1259": "said again within six words", "llama.cpp-17106": "ar
 
 @pytest.mark.parametrize("case,why", BROKEN.items(), ids=list(BROKEN))
 def test_a_pasted_answer_that_is_not_language_is_garbage_output(case, why):
-    assert case in json.loads((CORPUS / "split.json").read_text())["dev"], "rules are written on the dev split only"
-    lines = (CORPUS / case / "log.txt").read_text().splitlines()
-    v = classify(lines, engine=guess_engine(lines))
+    lines, v = _dev_case(case)
     assert v.cause is Cause.garbage_output, v
     ev = v.evidence[0]
     assert why in ev.source and ev.text[:40] in lines[ev.line - 1]
@@ -269,9 +274,7 @@ STRUCTURE = {"AMD-SHARK-Studio-965": ("port_in_use", "address-in-use"),  # a cha
 
 @pytest.mark.parametrize("case,want", STRUCTURE.items(), ids=list(STRUCTURE))
 def test_structure_of_real_logs(case, want):
-    assert case in json.loads((CORPUS / "split.json").read_text())["dev"], "rules are written on the dev split only"
-    lines = (CORPUS / case / "log.txt").read_text().splitlines()
-    v = classify(lines, engine=guess_engine(lines))
+    _, v = _dev_case(case)
     assert v.cause.value == want[0] and want[1] in v.evidence[0].source, v
     assert v.detail["weak"] is (want[0] in ("orphan_leak", "garbage_output"))
 
@@ -304,9 +307,7 @@ WORDED = {"exllamav2-383": ("gpu_oom", "Insufficient VRAM"),  # exllamav2's own 
 
 @pytest.mark.parametrize("case,want", WORDED.items(), ids=list(WORDED))
 def test_cause_words_of_real_logs(case, want):
-    assert case in json.loads((CORPUS / "split.json").read_text())["dev"], "rules are written on the dev split only"
-    lines = (CORPUS / case / "log.txt").read_text().splitlines()
-    v = classify(lines, engine=guess_engine(lines))
+    _, v = _dev_case(case)
     assert v.cause.value == want[0] and want[1] in v.evidence[0].text, v
 
 
