@@ -149,8 +149,12 @@ def test_a_real_ctrl_c_is_a_person_stopping_it_and_says_how_to_see_a_hang():
 
 
 STARTS_AND_WAITS = """import subprocess, sys
-print(sys.argv[1], flush=True)
-subprocess.run(["sleep", "60"])  # a helper that never returns
+helper = subprocess.Popen(["sleep", "60"])  # a helper that never returns, started before the line is said
+try:
+    print(sys.argv[1], flush=True)
+    helper.wait()
+finally:
+    helper.kill()
 """
 
 

@@ -388,7 +388,6 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
 _WAIT_FUNCS = {"select", "poll", "epoll", "wait", "_wait", "_try_wait", "wait_for", "_wait_for_tstate_lock", "communicate",
                "_communicate", "acquire", "join", "recv", "recv_into", "accept", "read", "readline", "readinto", "sleep",
                "get", "result", "barrier", "synchronize"}
-_FRAME = re.compile(r'^\s*File "[^"]+", line \d+, in (\S+)$')
 # a server that said it was up: a Ctrl-C after this is a person ending a working server
 _UP = re.compile(r"Uvicorn running on|Application startup complete|server is listening|listening on|Running on http|"
                  r"\bready\b.*\b(?:serve|serving|requests|roll)|The server is fired up", re.I)
@@ -404,9 +403,9 @@ def _interrupted_wait(texts: list[str], line: int) -> tuple[int, str] | None:
         t = texts[n - 1]
         if t.startswith("Traceback"):
             break
-        m = _FRAME.match(t)
-        if m:
-            frames.append((n, m.group(1)))
+        m = structure.FRAME.match(t.lstrip())
+        if m and m.group("func"):
+            frames.append((n, m.group("func")))
     return next(((n, f) for n, f in frames[:3] if f in _WAIT_FUNCS), None)
 
 

@@ -47,7 +47,8 @@ class Finding:
 # -- Python exceptions -------------------------------------------------------------------------
 _EXC = re.compile(r"^(?:(?P<mod>[A-Za-z_][\w.]*)\.)?(?P<type>[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Failure|Failed|"
                   r"Warning|Exceeded|Timeout))(?::\s*(?P<msg>.*)|\s*)$")
-_FRAME = re.compile(r'^File "(?P<path>[^"]+)", line \d+')
+# a traceback frame (prefix-stripped): its file and, where given, its function
+FRAME = re.compile(r'^File "(?P<path>[^"]+)", line \d+(?:, in (?P<func>\S+))?')
 # exception type -> cause (any message)
 TYPE_CAUSE: dict[str, Cause] = {
     "OutOfMemoryError": Cause.gpu_oom,  # torch.OutOfMemoryError / torch.cuda.OutOfMemoryError
@@ -120,13 +121,13 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
         if text.endswith("Traceback (most recent call last):"):
             frames[rank] = []
             continue
-        fm = _FRAME.match(text)
+        fm = FRAME.match(text)
         if fm:
             frames.setdefault(rank, []).append(fm.group("path"))
             continue
         m = _EXC.match(text)
         raised = _RAISE.match(text)
-        if raised and raised.group(1) in TYPE_CAUSE and (n == len(texts) or not _FRAME.match(texts[n]) and
+        if raised and raised.group(1) in TYPE_CAUSE and (n == len(texts) or not FRAME.match(texts[n]) and
                                                            not _EXC.match(texts[n])):
             # an excerpt that ends at the `raise X(...)` source line: the type still says what happened
             cause = TYPE_CAUSE[raised.group(1)]
@@ -445,9 +446,9 @@ def degenerate(texts: list[str]) -> list[Finding]:
 # what a broken kernel or quantization makes of a model's output.
 _ERRORLIKE = re.compile(r"error|fail|fatal|exception|killed|abort|crash|timeout|timed out|refus|denied|warn|cannot|"
                         r"unable|traceback|^\s*File \"|\bterminated\b|\bsegmentation\b|core dumped", re.I)
-_LOGLIKE = re.compile(r"error|fail|fatal|exception|killed|abort|crash|timeout|timed out|refus|denied|warn|cannot|"
-                      r"unable|traceback|^\s*File \"|\b(?:INFO|DEBUG|WARNING|ERROR)\b|\d\d:\d\d:\d\d|"
-                      r"^\s*(?:at |#\d+ )|\bpid\b|MiB|GiB|it/s|(?:/[\w.-]+){3}|\bterminated\b", re.I)
+# a log's own line (an error, or a level, a clock, a size, a path): not part of an answer
+_LOGLIKE = re.compile(_ERRORLIKE.pattern + r"|\b(?:INFO|DEBUG|WARNING|ERROR)\b|\d\d:\d\d:\d\d|"
+                      r"^\s*(?:at |#\d+ )|\bpid\b|MiB|GiB|it/s|(?:/[\w.-]+){3}", re.I)
 _STOP = set("a an the of to in on at by for and or but is are was were be been being it its this that these those "
             "as with from can could would should will may might not no so if then than there here i you he she we "
             "they me him her us them my your our their do does did has have had".split())
