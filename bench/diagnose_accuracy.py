@@ -5,7 +5,7 @@
     python3 bench/diagnose_accuracy.py --split dev     # the dev split alone (while rules are written)
     python3 bench/diagnose_accuracy.py --json
 
-The corpus is tests/data/real-logs/ (408 cases from public issue threads, labelled from the thread's
+The corpus is tests/data/real-logs/ (432 cases from public issue threads, labelled from the thread's
 confirmed cause); split.json set the check split aside before any rule was written against the
 corpus, and misses are only ever listed for the dev split. Each log is classified the way
 `moelab diagnose LOG` would: the engine guessed from the log, the exit status only where the

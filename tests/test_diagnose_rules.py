@@ -311,6 +311,41 @@ def test_cause_words_of_real_logs(case, want):
     assert v.cause.value == want[0] and want[1] in v.evidence[0].text, v
 
 
+# The general layers alone (structure and cause words, every signature rule taken away) on real logs of the dev
+# split, each worded unlike the others: what carries to a log no rule was written for. (case, cause, words of the
+# deciding line)
+UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that names no place: an accelerator's allocator
+           "xla-2569": ("gpu_oom", "Resource exhausted"),  # the place is on the line (HBM1)
+           "RWKV-Runner-97": ("host_oom", "DefaultCPUAllocator"),
+           "enunu_training_kit-8": ("host_oom", "paging file"),  # a page file too small, loading a CUDA DLL
+           "darkflow-962": ("host_oom", "std::bad_alloc"),  # the C++ exception's type, not "it aborted"
+           "ollama-8261": ("port_in_use", "bind:"),  # Go's listen error, the rest in Turkish
+           "lmdeploy-687": ("port_in_use", "bind on address"),
+           "text-generation-inference-1456": ("bad_args", "unexpected argument"),  # clap
+           "mlx-vlm-1096": ("bad_args", "usage:"),  # a usage line naming --trust-remote-code is no load error
+           "vllm-13980": ("bad_args", "tensor parallel size"),
+           "gpustack-4769": ("bad_args", "not divisible"),
+           "exllamav2-786": ("unsupported_arch", "too old"),
+           "ollama-4334": ("native_crash", "0xc0000005"),  # Windows' access violation
+           "deepgemm-405": ("illegal_memory_access", "illegal instruction was encountered"),  # the GPU's, not the CPU's
+           "llama-node-72": ("native_crash", "Illegal instruction"),
+           "sglang-3830": ("jit_compile_error", "compilation terminated"),  # gcc's, no outside kill
+           "pytorch-118369": ("collective_error", "Watchdog caught collective"),
+           "llm.c-106": ("kernel_resource_limit", "too many resources"),
+           "mesh-llm-112": ("startup_timeout", "failed to become healthy"),
+           "lmdeploy-3806": ("unsupported_arch", "no kernel image"),  # before the abort it caused
+           "vllm-44185": ("hang", "shared memory broadcast"),  # shared memory waited on is no memory run out
+           "vllm-29233": ("gpu_oom", "KV cache")}
+
+
+@pytest.mark.parametrize("case,want", UNRULED.items(), ids=list(UNRULED))
+def test_the_general_layers_alone_name_the_cause_of_real_logs(case, want):
+    assert case in json.loads((CORPUS / "split.json").read_text())["dev"], "rules are written on the dev split only"
+    lines = (CORPUS / case / "log.txt").read_text().splitlines()
+    v = classify(lines, rules=())
+    assert v.cause.value == want[0] and want[1] in v.evidence[0].text, v
+
+
 def test_a_well_formed_unknown_host_is_no_flag_error():
     """A host name that could be real and is not found is the network's business, not a malformed setting."""
     v = classify(['Error: Head "http://ollama.internal:11434/": dial tcp: lookup ollama.internal: no such host'])

@@ -40,6 +40,7 @@ _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|
 _CHAINED = re.compile(r"^During handling of the above exception, another exception occurred:|"
                       r"^The above exception was the direct cause of the following exception:")
 _SIGNAL_EXIT = {137: 9, 139: 11, 134: 6, 135: 7, 143: 15, 136: 8, 132: 4}
+_CONSEQUENCE = {Cause.native_crash, Cause.killed_external}  # words of how a process ended, not why
 _NATIVE = {_signal.SIGSEGV, _signal.SIGABRT, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL}
 
 # What to do next when a cause was found by structure or words rather than by a rule with advice.
@@ -296,6 +297,11 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
     killed9 = sig == 9 or bool(sigkills)
     heard = [t if n not in ignored else "" for n, t in enumerate(texts, 1)]  # known-harmless lines say nothing
     scores = words.score(heard) if not strong or len(texts) <= 400 else []
+    if scores:
+        # a crash or a kill said after another cause's words is how that cause ended the process: the
+        # table's native_crash is "with no more specific cause above"
+        named = [(c, n) for c, s, n in scores if c not in _CONSEQUENCE and s >= 2]
+        scores = [x for x in scores if x[0] not in _CONSEQUENCE or not any(n < x[2] for _, n in named)] or scores
 
     decided: Finding | None = None
     alts: dict[Cause, float] = {}

@@ -11,6 +11,8 @@ Engines and their launchers wrap each line in their own way; the same error read
     'ggml_backend_cuda_buffer_type_alloc_buffer: x'
     >>> strip_prefixes("[rank3]: torch.distributed.DistBackendError: NCCL error")
     ('torch.distributed.DistBackendError: NCCL error', 'rank3')
+    >>> strip_prefixes("2025-03-04T10:11:12.123Z ERROR 11-26 09:29:11 engine.py:366]     lambda: x")[0]
+    'lambda: x'
     >>> strip_prefixes("1: [pod/vllm-1/server] Killed")
     ('Killed', '1')
 """
@@ -25,7 +27,7 @@ _RANK = re.compile(r"\b(?:TP|DP|EP|PP|RANK|rank)\s?\d+")
 _PREFIXES = [
     # moelab's own server.log stamp, TGI / Rust tracing: "2023-08-17T10:23:27.032737Z ERROR target: "
     re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s+"
-               r"(?:(?:TRACE|DEBUG|INFO|WARN|WARNING|ERROR)\s+(?:[\w:-]+(?:\{[^}]*\})?:\s)?)?"),
+               r"(?:(?:TRACE|DEBUG|INFO|WARN|WARNING|ERROR)\s+(?!\d\d-\d\d \d\d:)(?:[\w:-]+(?:\{[^}]*\})?:\s)?)?"),
     # docker compose / kubectl logs -f: "vllm-1  | ", "api-1                 | "
     re.compile(r"^[A-Za-z][\w.-]{0,40}\s+\|\s?"),
     # journald / syslog: "Jan 17 16:39:27 host ollama[123]: "

@@ -149,6 +149,14 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
             frames.pop(rank, None)
             continue
         stack = frames.pop(rank, [])
+        if etype in ("ValueError", "TypeError", "KeyError") and n >= 2 and _ENV_READ.search(texts[n - 2]) \
+                and not FRAME.match(texts[n - 2]):
+            # the source line that raised reads an environment variable: its value was refused
+            var = _ENV_READ.search(texts[n - 2]).group("var")
+            out.append(Finding(cause=Cause.bad_args, line=n, text=text, layer="structure", rank=rank, confidence=0.75,
+                               source=f"structure: {etype} raised reading the environment variable {var}: its value "
+                                      "is not what the program takes", extra={"type": etype, "message": msg}))
+            continue
         if _CHILD_KILLED.search(msg):
             continue  # a launcher's error that its child was killed: the kill (and its reason) is the evidence
         path = next((p for p in reversed(stack) if not p.endswith(("/subprocess.py", "/threading.py"))), None)
@@ -165,6 +173,8 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
     return out
 
 
+# a source line of a traceback that reads an environment variable (`int(os.getenv('VLLM_PORT', '0'))`)
+_ENV_READ = re.compile(r"\bos\.(?:getenv|environ(?:\.get)?)\s*[(\[]\s*['\"](?P<var>[A-Z][A-Z0-9_]*)['\"]")
 # a launcher's exception whose message says its child died of SIGKILL / SIGTERM
 _CHILD_KILLED = re.compile(r"died with <Signals\.SIG(?:KILL|TERM): (?:9|15)>|non-zero exit status -(?:9|15)\b")
 
@@ -222,6 +232,11 @@ _FAULTHANDLER = re.compile(r"^Fatal Python error: (Segmentation fault|Aborted|Bu
                            r"Illegal instruction)")
 
 
+# C++ exception types -> cause, where an uncaught one says more than "it aborted"
+CXX_TYPE_CAUSE: dict[str, Cause] = {"std::bad_alloc": Cause.host_oom,  # operator new found no host memory
+                                    "c10::OutOfMemoryError": Cause.gpu_oom}
+
+
 def native_reports(texts: list[str], rule_cause) -> list[Finding]:
     """C++ terminate (refined by its what() message through `rule_cause(text)`), faulthandler dumps."""
     out = []
@@ -230,7 +245,8 @@ def native_reports(texts: list[str], rule_cause) -> list[Finding]:
         if m:
             what = (m.group(2) or "") if m.re is _LIBCXXABI else \
                 next((w.group(1) for t in texts[n:n + 3] if (w := _WHAT.match(t))), "")
-            inner = rule_cause(what) if what else None
+            inner = (rule_cause(what) or message_cause(what)) if what else None
+            inner = inner if inner not in (None, Cause.unknown) else CXX_TYPE_CAUSE.get(m.group(1))
             if inner is not None and inner is not Cause.unknown:
                 out.append(Finding(cause=inner, line=n, text=f"{text} what(): {what}"[:400], layer="structure",
                                    confidence=0.85, source=f"structure: C++ terminate, what() says {inner.value}"))
@@ -526,6 +542,32 @@ def _run(toks: list[tuple[int, str]]) -> tuple[int, str, int] | None:
     return best
 
 
+# A short paste of an answer (a line or two a reporter quoted) is too little for the statistics below, but
+# a decoder's loop still shows in it: a phrase said twice and the rest elided (`the function of the
+# function of ...`), a syllable stuttered inside a word (`academyléléléléulif`), a long word said twice
+# in a row (`dekametersapl dekametersapl`), a line of one symbol (`!!!!!!!`, `///////`).
+_ELIDED_LOOP = re.compile(r"^\W*((?:[^\W\d_]+\W+){1,5}?[^\W\d_]+)\W+\1\W*(?:\.\.\.|…)\W*$")
+_WORD_TWICE = re.compile(r"\b([^\W\d_]{6,})\s+\1\b", re.I)
+_SYMBOL_ROW = re.compile(r"^[\s\"'`]*([!?/\\@$%&:;,])\1{4,}[\s\"'`]*$")
+_LABEL = re.compile(r"^\s*(?:Output|Response|Answer|Assistant|AI|Bot|Model|A)\s*:\s*", re.I)
+
+
+def _short_answer(answers: list[tuple[int, str]]) -> tuple[int, str] | None:
+    """(line, why) of a loop in a short pasted answer; None when it reads as language."""
+    for n, t in answers:
+        said = _LABEL.sub("", t).strip()
+        if (m := _ELIDED_LOOP.search(said)) and len(m.group(1)) >= 6:
+            return n, f"{m.group(1)!r} said twice, then the rest left out (...)"
+        if (m := _STUTTER.search(said)) and not re.search(r"(?i)\b(?:ha|he|hi|ho|la|na)+\b", said):
+            return n, f"a syllable stuttered inside a word ({m.group(0)!r})"
+        if m := _WORD_TWICE.search(said):
+            return n, f"the word {m.group(1)!r} twice in a row"
+    rows = [(n, m.group(1)) for n, t in answers if (m := _SYMBOL_ROW.match(t))]
+    if rows and (len(rows) >= 2 or rows[0][1] in "!?"):
+        return rows[0][0], f"lines of one symbol repeated ({', '.join(repr(c * 5) for _, c in rows[:3])} ...)"
+    return None
+
+
 def broken_text(texts: list[str]) -> list[Finding]:
     lines = [(n, t) for n, t in enumerate(texts, 1) if t.strip()]
     if not lines or len(lines) > 60 or any(_ERRORLIKE.search(t) for _, t in lines):
@@ -539,6 +581,9 @@ def broken_text(texts: list[str]) -> list[Finding]:
         return [Finding(Cause.garbage_output, answers[0][0], texts[answers[0][0] - 1][:300], "structure", 0.55,
                         strength=WEAK, source=f"structure: a chat transcript whose answers to {len(prompts)} prompts "
                                               "hold no letter, only symbols")]
+    if len(answers) <= 4 and (short := _short_answer(answers)):
+        return [Finding(Cause.garbage_output, short[0], texts[short[0] - 1][:300], "structure", 0.55, strength=WEAK,
+                        source=f"structure: the pasted answer is not language: {short[1]}")]
     toks = [(n, w) for n, t in lines for w in re.findall(r"[^\W_]+", t)]
     if len(toks) < 8 or any(w.lower() in ("nan", "inf") for _, w in toks):
         return []  # too little to judge, or numbers that are not numbers: a NaN reading, not broken text
