@@ -269,7 +269,17 @@ STRUCTURE = {"AMD-SHARK-Studio-965": ("port_in_use", "address-in-use"),  # a cha
              "vllm-34816": ("orphan_leak", "engine's worker process"),  # fuser / rocm-smi rows of VLLM::EngineCore
              "ollama-12360": ("garbage_output", "chat-template markers"),
              "llama.cpp-9352": ("gpu_oom", "cuda-oom"),  # ggml's ROCm0 buffer, before the load error it caused
-             "trax-270": ("gpu_oom", "cuda-oom")}  # XLA on TPU: HBM, not CUDA
+             "trax-270": ("gpu_oom", "cuda-oom"),  # XLA on TPU: HBM, not CUDA
+             # a short pasted answer: a loop shows even in a line or two
+             "ik_llama.cpp-2214": ("garbage_output", "twice in a row"),
+             "llama.cpp-25402": ("garbage_output", "stuttered inside a word"),
+             "mlxcel-717": ("garbage_output", "the rest left out"),
+             "unsloth-10613": ("garbage_output", "one symbol repeated"),
+             # the source line that raised reads a setting: its value was refused
+             "GenAIInfra-612": ("bad_args", "environment variable VLLM_PORT"),
+             "koboldcpp-1782": ("bad_args", "the setting 'contextsize'"),
+             # a cause said in words, then a plain bug's exception it led to
+             "mlx-examples-1172": ("model_load_error", "cause words before the exception")}
 
 
 @pytest.mark.parametrize("case,want", STRUCTURE.items(), ids=list(STRUCTURE))
@@ -335,7 +345,13 @@ UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that name
            "mesh-llm-112": ("startup_timeout", "failed to become healthy"),
            "lmdeploy-3806": ("unsupported_arch", "no kernel image"),  # before the abort it caused
            "vllm-44185": ("hang", "shared memory broadcast"),  # shared memory waited on is no memory run out
-           "vllm-29233": ("gpu_oom", "KV cache")}
+           "vllm-29233": ("gpu_oom", "KV cache"),
+           "llama.cpp-6861": ("gpu_oom", "must not exceed"),  # one Metal buffer over the device's limit
+           "mlx-vlm-1799": ("kernel_resource_limit", "Thread group size"),  # Metal's threads per threadgroup
+           "llama.cpp-19949": ("unsupported_arch", "No compatible code objects"),  # ROCm, before the segfault it caused
+           "server-7259": ("bad_args", "requires setting"),  # a flag that needs another
+           "dynamo-101": ("bad_args", "Pass --model-name"),
+           "ollama-8252": ("bad_args", "unknown parameter")}
 
 
 @pytest.mark.parametrize("case,want", UNRULED.items(), ids=list(UNRULED))

@@ -215,7 +215,8 @@ def unwrap(lines: list[str]) -> list[str]:
         return list(lines)
     if once:  # ... then the break falls inside a sentence: what follows is no new capitalised statement
         k = lens.index(width)
-        if k == len(lines) - 1 or not re.match(r"[a-z\s(,;:/._-]", lines[k + 1][:1] or "A"):
+        if k == len(lines) - 1 or not re.match(r"[a-z\s(,;:/._-]", lines[k + 1][:1] or "A") \
+                or re.match(r"[\w./-]+: \S", lines[k + 1]):  # "zsh: segmentation fault", "prog: error: ...": a record
             return list(lines)
     out, i = list(lines), 0
     while i < len(out) - 1:
@@ -334,6 +335,15 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
                 decided = nxt
             else:
                 alts[nxt.cause] = 0.45
+        if decided.cause is Cause.unknown and not known and (decided.line or 0) > 1:
+            # a plain bug's exception after a line that said a cause in so many words ("Model type mllama
+            # not supported.", then the ModuleNotFoundError it led to): the words say what went wrong first
+            said = words.score(heard[:(decided.line or 1) - 1])
+            if said and said[0][1] >= 3 and (len(said) == 1 or said[0][1] >= 1.25 * said[1][1]):
+                cause, s, n = said[0]
+                alts[Cause.unknown] = 0.4
+                decided = Finding(cause, n, texts[n - 1], "words", 0.5,
+                                  source=f"cause words before the exception (score {s:g}); the exception names no cause")
     elif killed9:
         decided, extra_advice = _sigkill(sig, sigkills, externals, oom, phase_hint, alts)
     elif weak:

@@ -149,13 +149,15 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
             frames.pop(rank, None)
             continue
         stack = frames.pop(rank, [])
-        if etype in ("ValueError", "TypeError", "KeyError") and n >= 2 and _ENV_READ.search(texts[n - 2]) \
-                and not FRAME.match(texts[n - 2]):
-            # the source line that raised reads an environment variable: its value was refused
-            var = _ENV_READ.search(texts[n - 2]).group("var")
-            out.append(Finding(cause=Cause.bad_args, line=n, text=text, layer="structure", rank=rank, confidence=0.75,
-                               source=f"structure: {etype} raised reading the environment variable {var}: its value "
-                                      "is not what the program takes", extra={"type": etype, "message": msg}))
+        src = next((t for t in texts[max(0, n - 4):n - 1][::-1] if t.strip() and not _CARETS.fullmatch(t.strip())), "")
+        read = _SETTING_READ.search(src) if not FRAME.match(src) else None
+        if read and (etype == "ValueError" or read.group("env") and etype in ("TypeError", "KeyError")):
+            # the source line that raised reads a setting (an environment variable, a key of the loaded
+            # configuration): its value was refused
+            what = f"the environment variable {read.group('var')}" if read.group("env") else f"the setting {read.group('var')!r}"
+            out.append(Finding(cause=Cause.bad_args, line=n, text=text, layer="structure", rank=rank, confidence=0.7,
+                               source=f"structure: {etype} raised reading {what}: its value is not what the program "
+                                      "takes", extra={"type": etype, "message": msg}))
             continue
         if _CHILD_KILLED.search(msg):
             continue  # a launcher's error that its child was killed: the kill (and its reason) is the evidence
@@ -173,8 +175,11 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
     return out
 
 
-# a source line of a traceback that reads an environment variable (`int(os.getenv('VLLM_PORT', '0'))`)
-_ENV_READ = re.compile(r"\bos\.(?:getenv|environ(?:\.get)?)\s*[(\[]\s*['\"](?P<var>[A-Z][A-Z0-9_]*)['\"]")
+_CARETS = re.compile(r"[~^]+")  # Python 3.11's marks under the failing expression
+# a source line of a traceback that reads an environment variable (`int(os.getenv('VLLM_PORT', '0'))`) or
+# a key of a loaded configuration (`contextsize_text.index(str(dict["contextsize"]))`)
+_SETTING_READ = re.compile(r"\b(?:(?P<env>os\.(?:getenv|environ(?:\.get)?))|(?:config|cfg|conf|settings|dict|options|opts))"
+                           r"\s*[(\[]\s*['\"](?P<var>\w+)['\"]")
 # a launcher's exception whose message says its child died of SIGKILL / SIGTERM
 _CHILD_KILLED = re.compile(r"died with <Signals\.SIG(?:KILL|TERM): (?:9|15)>|non-zero exit status -(?:9|15)\b")
 
@@ -314,7 +319,7 @@ _LEFT = re.compile(r"\borphan(?:ed|s)?\b|\bzombie\b|<defunct>|left behind|\bdang
                    r"did not (?:exit|terminate)|\bnot (?:be )?(?:freed|released|cleaned up)\b|kept running|"
                    r"remain(?:s|ing|ed)? (?:running|alive|in memory)|survived (?:SIGKILL|the shutdown|teardown)", re.I)
 # `ps aux` (USER PID %CPU %MEM VSZ RSS TTY STAT START TIME COMMAND) and `ss`/`lsof` listeners
-_PS_AUX_ROW = re.compile(r"^\S+\s+\d+\s+\d+\.\d+\s+\d+\.\d+\s+\d+\s+\d+\s+\S+\s+[RSDZTI][\w<+]*\s+\S+\s+[\d:]+\s+\S")
+_PS_AUX_ROW = re.compile(r"^\S+\s+\d+\s+\d+(?:\.\d+)?\s+\d+\.\d+\s+\d+\s+\d+\s+\S+\s+[RSDZTI][\w<+]*\s+\S+\s+[\d:]+\s+\S")
 _LISTENER = re.compile(r"\(LISTEN\)$|^LISTEN\s+\d+\s+\d+\s+\S+:\d+.*users:\(\(")
 
 
@@ -549,6 +554,8 @@ def _run(toks: list[tuple[int, str]]) -> tuple[int, str, int] | None:
 _ELIDED_LOOP = re.compile(r"^\W*((?:[^\W\d_]+\W+){1,5}?[^\W\d_]+)\W+\1\W*(?:\.\.\.|…)\W*$")
 _WORD_TWICE = re.compile(r"\b([^\W\d_]{6,})\s+\1\b", re.I)
 _SYMBOL_ROW = re.compile(r"^[\s\"'`]*([!?/\\@$%&:;,])\1{4,}[\s\"'`]*$")
+# an answer of punctuation alone, spaced (`, , , ,,`): no letter, no digit, no separator rule
+_PUNCT_ONLY = re.compile(r"^\s*(?=(?:\s*[,;:!?/\\@$%&]){4})[\s,;:!?/\\@$%&]+$")
 _LABEL = re.compile(r"^\s*(?:Output|Response|Answer|Assistant|AI|Bot|Model|A)\s*:\s*", re.I)
 
 
@@ -565,6 +572,9 @@ def _short_answer(answers: list[tuple[int, str]]) -> tuple[int, str] | None:
     rows = [(n, m.group(1)) for n, t in answers if (m := _SYMBOL_ROW.match(t))]
     if rows and (len(rows) >= 2 or rows[0][1] in "!?"):
         return rows[0][0], f"lines of one symbol repeated ({', '.join(repr(c * 5) for _, c in rows[:3])} ...)"
+    bare = [(n, t) for n, t in answers if _PUNCT_ONLY.match(t)]
+    if bare and len(bare) < len(answers):  # among lines that are language: an answer of symbol punctuation alone
+        return bare[0][0], f"an answer of punctuation and symbols alone ({bare[0][1].strip()[:20]!r})"
     return None
 
 
@@ -581,7 +591,7 @@ def broken_text(texts: list[str]) -> list[Finding]:
         return [Finding(Cause.garbage_output, answers[0][0], texts[answers[0][0] - 1][:300], "structure", 0.55,
                         strength=WEAK, source=f"structure: a chat transcript whose answers to {len(prompts)} prompts "
                                               "hold no letter, only symbols")]
-    if len(answers) <= 4 and (short := _short_answer(answers)):
+    if (short := _short_answer(answers)) and (len(answers) <= 4 or "symbol" in short[1]):
         return [Finding(Cause.garbage_output, short[0], texts[short[0] - 1][:300], "structure", 0.55, strength=WEAK,
                         source=f"structure: the pasted answer is not language: {short[1]}")]
     toks = [(n, w) for n, t in lines for w in re.findall(r"[^\W_]+", t)]
@@ -635,8 +645,36 @@ _STUCK = re.compile(r"generation throughput: 0\.0 tokens/s, Running: ([1-9]\d*) 
 
 def no_progress(texts: list[str]) -> list[Finding]:
     hits = [(n, t) for n, t in enumerate(texts, 1) if _STUCK.search(t)]
-    if len(hits) < 3:
-        return []
-    n, t = hits[0]
-    return [Finding(Cause.hang, n, t, "structure", 0.75,
-                    source=f"structure: {len(hits)} throughput reports at 0.0 tokens/s with requests running")]
+    if len(hits) >= 3:
+        n, t = hits[0]
+        return [Finding(Cause.hang, n, t, "structure", 0.75,
+                        source=f"structure: {len(hits)} throughput reports at 0.0 tokens/s with requests running")]
+    # requests queue up and none is scheduled: reports with nothing running, the queue never shorter,
+    # the last at 0.0 tokens/s
+    queued = [(n, t, int(m.group(2))) for n, t in enumerate(texts, 1) if (m := _QUEUED.search(t))]
+    tail = []
+    for q in queued:
+        tail = tail + [q] if tail and q[2] >= tail[-1][2] else [q]
+    if len(tail) >= 2 and _ZERO_GEN.search(tail[-1][1]):
+        n, t, _ = tail[0]
+        return [Finding(Cause.hang, n, t, "structure", 0.7,
+                        source=f"structure: {len(tail)} throughput reports with no request running while "
+                               f"{tail[0][2]} -> {tail[-1][2]} wait: nothing is scheduled")]
+    # a server that keeps shifting one request's context: it generates past the window and never ends
+    shifts: dict[str, list[int]] = {}
+    for n, t in enumerate(texts, 1):
+        if _SHIFT.search(t):
+            task = _TASK.search(t)
+            shifts.setdefault(task.group(0) if task else "", []).append(n)
+    looped = max(shifts.values(), key=len, default=[])
+    if len(looped) >= 3:
+        return [Finding(Cause.hang, looped[0], texts[looped[0] - 1][:300], "structure", 0.65,
+                        source=f"structure: one request's context shifted {len(looped)} times: it generates past "
+                               "the context window and never finishes")]
+    return []
+
+
+_QUEUED = re.compile(r"generation throughput: [\d.]+ tokens/s, Running: (0) reqs.*\bPending: ([1-9]\d*) reqs")
+_ZERO_GEN = re.compile(r"generation throughput: 0\.0 tokens/s")
+_SHIFT = re.compile(r"\bcontext shift\b", re.I)
+_TASK = re.compile(r"\btask_id\W+\d+")

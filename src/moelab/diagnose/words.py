@@ -121,7 +121,7 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                              # "PagedKV Context FMHA is not supported on Volta": a feature refused on a named GPU generation
                              (r"\b(?:not|isn.t|un)\s?(?:yet )?support\w*\b (?:on|for|by) (?:the )?(?:nvidia |amd )?(?:"
                               + _ARCHES + r")\b", 3),
-                             (r"no kernel image", 3),
+                             (r"no kernel image|\bno compatible code objects?\b|\bno binary for (?:the )?gpu\b", 3),
                              (r"\b(?:arch\w*|sm(?: version)?|gpu|device|compute capability|cuda capability)\s+(?:is\s+)?unsupported\b|"
                               r"\bunsupported (?:sm|arch\w*|gpu|device|compute capability|cuda capability)\b|"
                               r"\bminimum (?:cuda|compute) capability\b|\b(?:gpu|device|card) (?:is )?too old\b|"
@@ -153,7 +153,9 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                      (r"\binvalid (?:port|host|hostname|address|url|endpoint)\b|"
                       r"\blookup (?:[^\s:]*[:%\\\u3000-\uffff][^\s]*|[A-Za-z]): no such host\b", 3)),
     Cause.model_load_error: ((r"\b(?:error|fail\w*) (?:loading|to load|to read)\b.*\b(?:model|weights?|checkpoint|tokenizer|gguf)", 3),
-                             (r"unknown (?:model )?architecture|architectures? .* not supported|trust[_ -]remote[_ -]code", 3),
+                             (r"unknown (?:model )?architecture|architectures? .* not supported|trust[_ -]remote[_ -]code|"
+                              r"\bmodel (?:type|architecture|class)\b.{0,40}\bnot (?:yet )?supported|"
+                              r"\bunsupported model (?:type|architecture)\b", 3),
                              (r"invalid magic|corrupt\w*\b.*\b(?:file|model|weights)", 2)),
     Cause.jit_compile_error: ((r"\b(?:compil(?:e|ation)|build)\b.*\b(?:fail|error)", 2), (r"\bninja\b|\bnvcc\b|\bptxas\b|\bnvrtc\b", 2),
                               (r"cannot find -l\w+|undefined reference|collect2: error|\bld returned\b|^compilation terminated\.?$|"
@@ -164,7 +166,10 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                               r"\bOpType=(?:ALLREDUCE|ALLGATHER|REDUCE_SCATTER|BROADCAST|ALLTOALL\w*|SEND|RECV)\b", 3)),
     Cause.kernel_resource_limit: ((r"\bshared memory\b.*\b(?:exceed|limit|too much|required|(?:more|larger|greater) than)|"
                                    r"\btoo many resources\b|\bout of resources?\b|\bregisters?\b.*\b(?:exceed|too many)|"
-                                   r"\bmax\w*SharedMemory\w*", 3),),
+                                   r"\bmax\w*SharedMemory\w*", 3),
+                                  # a launch wider than the device allows: Metal's threads per threadgroup, CUDA's block
+                                  (r"\b(?:thread ?group|work ?group|block|threads)(?: size)?\b.{0,40}\b(?:greater|more|larger) than\b"
+                                   r".{0,40}\bmax\w*\b.{0,30}\bthreads?\b|\bmax\w* threads per (?:threadgroup|block)\b.{0,30}\bexceed", 3)),
     Cause.illegal_memory_access: ((r"illegal (?:memory access|address)|\ban illegal instruction was encountered\b|device-side assert|"
                                    r"misaligned address|\bxid\b|launch failure|\.cu:\d+: .*\bAssertion\b.*\bfailed\b|"
                                    r"\bcudaErrorIllegal\w*|\bCUDA error: .*\billegal\b", 3),),
