@@ -255,8 +255,10 @@ class Scraper:
         return False
 
     def _run(self) -> None:
-        k = 0  # 0.1, 0.2, ... s apart at first, so that a short point still has scrapes under load
-        while not self._stop.wait(min(self.interval_s, 0.1 * (k := k + 1))):
+        # every 0.1 s for the first 2 s, so that a short point (a fraction of a second of load) still has
+        # several scrapes while it runs; then 0.2, 0.3, ... s apart, up to interval_s
+        k = 0
+        while not self._stop.wait(min(self.interval_s, 0.1 * max(1, (k := k + 1) - 19))):
             self._get()
 
     def start(self) -> "Scraper":
