@@ -85,11 +85,11 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_bench_cli(tmp_path, free_port):
-    with serve("healthy", "--itl-ms", "1") as url:
+    with serve("healthy", "--itl-ms", "2") as url:
+        # requests long enough (about 0.1 s) that a loaded 2-core machine's scheduling gaps stay under the
+        # validity check's 10 % (4 tokens at 1 ms each made a 5 ms gap half of a request)
         ok = _cli("bench", "--url", url, "--concurrency", "1,2", "--num-prompts", "4", "--input-len", "8",
-                  "--output-len", "4", "--slo", "ttft_ms=1000", "--json")
-        # long enough requests that a loaded 2-core machine's scheduling gaps stay under the
-        # validity check's 10 % (4 tokens at 1 ms each made a 2 ms gap 30 % of a request)
+                  "--output-len", "48", "--slo", "ttft_ms=1000", "--json")
         table = _cli("bench", "--url", url, "--concurrency", "2", "--num-prompts", "6", "--output-len", "48")
     doc = json.loads(ok.stdout)
     assert ok.returncode == 0, [p["invalid_reasons"] for p in doc["points"]]
