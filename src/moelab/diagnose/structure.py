@@ -290,11 +290,18 @@ _EXTERNAL = re.compile(r"\bSIGTERM\b|signal 15\b|\b15 death signal|^Terminated$|
 _TEARDOWN = re.compile(r"Sending process \d+ closing signal SIGTERM|[Kk]illing (?:the )?(?:other|remaining) (?:workers|ranks|processes)")
 
 
+# every line the three patterns above can match holds one of these (lower case): most lines of a long
+# log hold none, and are passed over without running them
+_KILL_WORDS = ("kill", "137", "-9", "oom", "sigterm", "signal", "terminat", "evict", "preempt", "probe", "stopping",
+               "cancel", "memory", "time limit", "node failure", "docker stop", "143")
+
+
 def kills(texts: list[str]) -> tuple[list[Finding], list[Finding], list[Finding]]:
     """(SIGKILL lines, OOM evidence lines, external-kill lines)."""
     k, o, e = [], [], []
     for n, text in enumerate(texts, 1):
-        if _TEARDOWN.search(text):
+        low = text.lower()
+        if not any(w in low for w in _KILL_WORDS) or _TEARDOWN.search(text):
             continue
         if _OOM.search(text):
             o.append(Finding(Cause.host_oom, n, text, "structure", 0.9, kind="oom",
