@@ -355,7 +355,10 @@ UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that name
            "llama.cpp-19949": ("unsupported_arch", "No compatible code objects"),  # ROCm, before the segfault it caused
            "server-7259": ("bad_args", "requires setting"),  # a flag that needs another
            "dynamo-101": ("bad_args", "Pass --model-name"),
-           "ollama-8252": ("bad_args", "unknown parameter")}
+           "ollama-8252": ("bad_args", "unknown parameter"),
+           "instructlab-2286": ("bad_args", "Too large swap space"),  # a settings check, worded like memory
+           "kserve-944": ("bad_args", "missing required field"),  # kubectl's schema
+           "llama.cpp-9007": ("bad_args", "(stoi)")}  # a number flag given a word
 
 
 @pytest.mark.parametrize("case,want", UNRULED.items(), ids=list(UNRULED))

@@ -281,6 +281,7 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
               *(f for f in structure.exceptions(texts, ranks, m.root_cause) if f.line not in matched),
               *(f for f in ooms if f.line not in matched),
               *(f for f in structure.native_reports(texts, m.root_cause) if f.line not in matched),
+              *(f for f in structure.panics(texts, m.root_cause) if f.line not in matched),
               *(f for f in structure.no_progress(texts) if f.line not in matched),
               *(f for f in externals if f.line not in matched)]
     bounds = [n for n, t in enumerate(texts, 1) if _LIFETIME.search(t)]

@@ -269,11 +269,36 @@ def native_reports(texts: list[str], rule_cause) -> list[Finding]:
     return out
 
 
+# -- Go and Rust panics -------------------------------------------------------------------------
+# A panic is those languages' uncaught exception: a nil pointer dereference or an index out of range is a
+# plain bug (Go prints the SIGSEGV it turned into the panic on the next line: the signal is not the cause),
+# and a message that names a cause ("Unable to warmup model: ... out of memory") says it.
+_GO_PANIC = re.compile(r"^(?:panic|fatal error): (?P<msg>.+)$")
+_RUST_PANIC = re.compile(r"^thread '[^']*' panicked at (?:'(?P<msg>.*)', \S+:\d+:\d+|(?P<loc>\S+:\d+:\d+):?(?: (?P<msg2>.+))?)$")
+
+
+def panics(texts: list[str], rule_cause) -> list[Finding]:
+    out = []
+    for n, text in enumerate(texts, 1):
+        m = _GO_PANIC.match(text) or _RUST_PANIC.match(text)
+        if not m:
+            continue
+        lang = "Go" if m.re is _GO_PANIC else "Rust"
+        msg = m.group("msg") or (m.groupdict().get("msg2") or (texts[n] if n < len(texts) else "")).strip()
+        said = (rule_cause(msg) or message_cause(msg)) if msg else None
+        cause = said if said is not None else Cause.unknown
+        out.append(Finding(cause=cause, line=n, text=text[:500], layer="structure", confidence=0.8 if said else 0.6,
+                           source=f"structure: a {lang} panic" + (f" whose message says {said.value}" if said else
+                                                                    ": a plain software error, no known cause"),
+                           extra={"type": f"{lang} panic", "message": msg}))
+    return out
+
+
 # -- kills and OOM evidence ------------------------------------------------------------------
 _SIGKILL = re.compile(r"(?:^|[\s\]%|])Killed(?:\s+\S.*)?$|\bexit(?:ed)? with code 137\b|\bexit(?: code|ed| status)[: ]+137\b|"
                       r"\bsignal: killed\b|\bkilled by signal 9\b|\bSIGKILL\b|Exit Code:\s*137|code=137|"
                       r"^(?:zsh|bash|sh): (?:line \d+: )?(?:\d+ )?killed\b|\[\d+\]\s+(?:\+\s+)?\d+ killed\s|"
-                      r"exit ?code:? -9\b|exitcode\s*:\s*-9\b|return ?code:? -9\b|killed by signal: Killed|^Killed: 9$|"
+                      r"exit ?code:? -9\b|exitcode\s*:\s*-9\b|return ?code\s*[:=]?\s*-9\b|killed by signal: Killed|^Killed: 9$|"
                       r"[Ee]xit code (?:is|was|of) 137\b|exit(?:ed)? with (?:exit )?code -9\b")
 _OOM = re.compile(r"Out of memory: Kill(?:ed)? process|oom-kill:|\boom_kill\b|Memory cgroup out of memory|OOMKilled|"
                   r"killed by the OOM killer|OOM killer|oom-kill event|running low on memory|ray-oom-prevention|"
@@ -666,7 +691,11 @@ def no_progress(texts: list[str]) -> list[Finding]:
         n, t, _ = tail[0]
         return [Finding(Cause.hang, n, t, "structure", 0.7,
                         source=f"structure: {len(tail)} throughput reports with no request running while "
-                               f"{tail[0][2]} -> {tail[-1][2]} wait: nothing is scheduled")]
+                               f"{tail[0][2]} -> {tail[-1][2]} wait: nothing is scheduled",
+                        advice="Requests wait and none is scheduled: a prompt longer than the scheduler's token budget "
+                               "(vLLM --max-num-batched-tokens, SGLang --chunked-prefill-size) never fits a batch "
+                               "without chunked prefill. Raise the budget to at least --max-model-len, or enable "
+                               "chunked prefill.")]
     # a server that keeps shifting one request's context: it generates past the window and never ends
     shifts: dict[str, list[int]] = {}
     for n, t in enumerate(texts, 1):
@@ -677,7 +706,10 @@ def no_progress(texts: list[str]) -> list[Finding]:
     if len(looped) >= 3:
         return [Finding(Cause.hang, looped[0], texts[looped[0] - 1][:300], "structure", 0.65,
                         source=f"structure: one request's context shifted {len(looped)} times: it generates past "
-                               "the context window and never finishes")]
+                               "the context window and never finishes",
+                        advice="One request generates past the context window and the server keeps shifting its "
+                               "context instead of ending it: cap the generated tokens (max_tokens, n_predict, "
+                               "ollama's num_predict) or give it a larger context.")]
     return []
 
 

@@ -88,7 +88,10 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                     (r"\b(?:bfc ?arena|gpu_\d+_bfc|cuda ?arena)\b.*\b(?:fail\w* to allocate|ran out of memory|out of memory)\b", 3)),
     Cause.host_oom: ((r"\b(?:system|host|cpu) memory\b|\bRAM\b.*\b(?:exhaust|not enough|insufficient|out of)", 2),
                      (r"\boom[- ]?kill", 3), (r"cannot allocate memory|\bENOMEM\b", 2),
-                     (r"\balloc\w*\b.*\b(?:system|host|cpu) (?:ram|memory)\b", 2)),
+                     (r"\balloc\w*\b.*\b(?:system|host|cpu) (?:ram|memory)\b", 2),
+                     # a load bigger than the host's memory, said by the loader before it dies
+                     (r"\b(?:exceeds?|larger than|more than|bigger than)\b.{0,30}\b(?:available|free|total) "
+                      r"(?:RAM|system memory|host memory|CPU memory)\b", 2)),
     Cause.port_in_use: ((r"\baddress (?:already )?in use\b|\bport\b.*\b(?:in use|taken|busy|occupied)\b", 3),
                         (r"\b(?:bind|listen)\b.*\b(?:fail|error|denied)|\bfail\w* to (?:bind|listen)\b", 2),
                         (r"\blisten (?:tcp|udp)\d? \S*:\d+: bind:|only one usage of each socket address|\bE?ADDRINUSE\b|"
@@ -140,6 +143,13 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                       r"\b(?:cannot|can't|may not) be (?:used|combined|specified) (?:together )?with\b|\bmutually exclusive\b|"
                       r"\bconflicting (?:options|arguments|flags)\b", 3),
                      (r"\bnot divisible\b", 3),
+                     # a spec or config refused by its validator: Kubernetes' admission webhooks and kubectl's schema,
+                     # a required key missing, a number flag given a word (C++'s stoi), a setting too large or small
+                     (r"\badmission webhook\b.{0,80}\bdenied the request\b|\berror validating data\b|"
+                      r"\bmissing required (?:field|argument|option|parameter|key|property|setting)s?\b|\bunknown field\b|"
+                      r"\((?:stoi|stol|stoll|stof|stod|stoul)\)|: (?:stoi|stof|stod)$|"
+                      r"\btoo (?:large|big|small|many|few|high|low|long) (?:a |an )?[a-z_ -]{0,30}?\b(?:space|size|value|length|"
+                      r"count|number|ratio|fraction|utili[sz]ation|parallel\w*)\b", 3),
                      # a model that cannot be split the way the flags ask
                      (r"\b(?:tensor[ _-]parallel\w*(?:[ _-]size)?|tp[ _-]size|sharding|shards|world[ _-]size|pipeline[ _-]parallel\w*)\b"
                       r".{0,60}\b(?:not (?:compatible|divisible|supported|aligned)|too (?:large|big|small)|must\b)|"
