@@ -358,7 +358,12 @@ UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that name
            "ollama-8252": ("bad_args", "unknown parameter"),
            "instructlab-2286": ("bad_args", "Too large swap space"),  # a settings check, worded like memory
            "kserve-944": ("bad_args", "missing required field"),  # kubectl's schema
-           "llama.cpp-9007": ("bad_args", "(stoi)")}  # a number flag given a word
+           "llama.cpp-9007": ("bad_args", "(stoi)"),  # a number flag given a word
+           "text-generation-inference-563": ("gpu_oom", "panicked at"),  # a Rust panic's message
+           "AnomalyGPT-43": ("host_oom", "return code = -9"),  # a launcher's SIGKILLed rank, no memory word
+           "qwen38-27b-rtx3090-39": ("host_oom", "available RAM"),  # the loader said it would not fit, then died
+           "vllm-ascend-5020": ("gpu_oom", "NPU out of memory"),
+           "tt-inference-server-2886": ("gpu_oom", "Out of Memory")}  # no place named: an accelerator's allocator
 
 
 @pytest.mark.parametrize("case,want", UNRULED.items(), ids=list(UNRULED))
@@ -367,6 +372,28 @@ def test_the_general_layers_alone_name_the_cause_of_real_logs(case, want):
     lines = (CORPUS / case / "log.txt").read_text().splitlines()
     v = classify(lines, rules=())
     assert v.cause.value == want[0] and want[1] in v.evidence[0].text, v
+
+
+# Plain bugs whose logs hold other causes' words (a launcher's `Killed`, NCCL, fp4 on an H100, a model's layers):
+# each confirmed a software bug by its thread, each read as one, the exception kept as evidence (dev split)
+PLAIN_BUGS = {"sglang-9614": "AttributeError", "text-generation-inference-2139": "AttributeError",
+              "vllm-2875": "AttributeError", "vllm-8556": "TypeError", "TensorRT-LLM-2737": "AttributeError"}
+
+
+@pytest.mark.parametrize("case,etype", PLAIN_BUGS.items(), ids=list(PLAIN_BUGS))
+def test_a_plain_bug_among_other_causes_words_stays_unknown(case, etype):
+    _, v = _dev_case(case)
+    assert v.cause is Cause.unknown and v.evidence[0].text.startswith(etype + ":"), v
+
+
+def test_a_go_panic_is_read_like_an_exception():
+    """Go turns a nil dereference's SIGSEGV into a panic and prints the signal after it: a native crash by the
+    table (ollama's scheduler), while a Rust panic whose message names a cause says that cause (TGI's warmup;
+    without the signature rules too, in UNRULED)."""
+    _, v = _dev_case("ollama-4187")
+    assert v.cause is Cause.native_crash and "Go panic on SIGSEGV" in v.evidence[0].source
+    _, v = _dev_case("text-generation-inference-563")
+    assert v.cause is Cause.gpu_oom
 
 
 def test_a_well_formed_unknown_host_is_no_flag_error():

@@ -476,7 +476,7 @@ def _verdict(d: Finding | None, lines, texts, ranks, exit_code, sig, oom, oom_fo
         # weak: read from the shape of the text (degenerate output, leftovers), no error line
         detail.update(rule=d.rule_id, rank=d.rank, layer=d.layer, confidence=d.confidence, weak=d.strength != STRONG)
         if d.line is not None:
-            ev.append(Evidence(kind="log", text=d.text.strip()[:600], line=d.line, source=d.source or d.layer))
+            ev.append(Evidence(kind="log", text=_clip(d.text.strip(), 600), line=d.line, source=d.source or d.layer))
         if cause is not Cause.host_oom and d.layer != "structure" or cause is Cause.unknown:
             exc = first_exception(lines, list(zip(texts, ranks)))
             if exc and exc[0] != d.line and cause is Cause.unknown:
@@ -496,6 +496,19 @@ def _verdict(d: Finding | None, lines, texts, ranks, exit_code, sig, oom, oom_fo
         conf = None
     return Verdict(cause=cause, phase=phase, evidence=ev, advice=advice, detail=detail, confidence=conf,
                    alternatives=alternatives)
+
+
+def _clip(text: str, most: int) -> str:
+    """A long evidence line, its head and its tail: a launcher's line puts the command first and what
+    happened to it last ("... exits with return code = -9").
+
+    >>> _clip("x" * 700 + " exits with return code = -9", 600)[-28:]
+    'exits with return code = -9'
+    """
+    if len(text) <= most:
+        return text
+    head = most * 2 // 3
+    return text[:head] + " … " + text[-(most - head - 3):]
 
 
 def _exit_text(exit_code: int | None, sig: int | None) -> str:

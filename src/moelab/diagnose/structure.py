@@ -270,10 +270,11 @@ def native_reports(texts: list[str], rule_cause) -> list[Finding]:
 
 
 # -- Go and Rust panics -------------------------------------------------------------------------
-# A panic is those languages' uncaught exception: a nil pointer dereference or an index out of range is a
-# plain bug (Go prints the SIGSEGV it turned into the panic on the next line: the signal is not the cause),
-# and a message that names a cause ("Unable to warmup model: ... out of memory") says it.
+# A panic is those languages' uncaught exception: an index out of range is a plain bug, a nil dereference
+# Go turned from a SIGSEGV (it prints `[signal SIGSEGV ...]` on the next line) a native crash, and a message
+# that names a cause ("Unable to warmup model: ... out of memory") says it.
 _GO_PANIC = re.compile(r"^(?:panic|fatal error): (?P<msg>.+)$")
+_GO_SIGNAL = re.compile(r"^\[signal (SIG[A-Z]+)")
 _RUST_PANIC = re.compile(r"^thread '[^']*' panicked at (?:'(?P<msg>.*)', \S+:\d+:\d+|(?P<loc>\S+:\d+:\d+):?(?: (?P<msg2>.+))?)$")
 
 
@@ -286,6 +287,13 @@ def panics(texts: list[str], rule_cause) -> list[Finding]:
         lang = "Go" if m.re is _GO_PANIC else "Rust"
         msg = m.group("msg") or (m.groupdict().get("msg2") or (texts[n] if n < len(texts) else "")).strip()
         said = (rule_cause(msg) or message_cause(msg)) if msg else None
+        sig = _GO_SIGNAL.match(texts[n]) if n < len(texts) and lang == "Go" else None
+        if sig and said in (None, Cause.unknown):
+            # Go turned a SIGSEGV (a nil dereference) into this panic: a native crash by the table
+            out.append(Finding(cause=Cause.native_crash, line=n, text=f"{text} {texts[n]}"[:500], layer="structure",
+                               confidence=0.75, source=f"structure: a Go panic on {sig.group(1)} ({msg[:80]})",
+                               extra={"type": "Go panic", "message": msg}))
+            continue
         cause = said if said is not None else Cause.unknown
         out.append(Finding(cause=cause, line=n, text=text[:500], layer="structure", confidence=0.8 if said else 0.6,
                            source=f"structure: a {lang} panic" + (f" whose message says {said.value}" if said else
