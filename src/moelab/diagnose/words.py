@@ -7,6 +7,13 @@ when it clearly leads, and the scores become the alternatives' confidences.
 
     >>> score(["ERROR: the GPU ran OOM while growing the KV cache"])[0][0].value
     'gpu_oom'
+
+A device API's or the operating system's "invalid argument" is a value refused in a call, not a flag:
+
+    >>> [c.value for c, _, _ in score(["error: invalid argument: --no-warmup"])]
+    ['bad_args']
+    >>> score(["RuntimeError: CUDA error: invalid argument"]), score(["OSError: [Errno 22] Invalid argument"])
+    ([], [])
 """
 from __future__ import annotations
 
@@ -129,7 +136,11 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                               r"\bunsupported (?:sm|arch\w*|gpu|device|compute capability|cuda capability)\b|"
                               r"\bminimum (?:cuda|compute) capability\b|\b(?:gpu|device|card) (?:is )?too old\b|"
                               r"\bno longer supports? this (?:gpu|device|card)\b", 3)),
-    Cause.bad_args: ((r"\bunrecognized (?:argument|option)|\binvalid (?:value|choice|argument|option)|"
+    # "invalid argument" is also a device API's or the OS's refusal of a value (cudaErrorInvalidValue's "CUDA
+    # error: invalid argument", EINVAL's "[Errno 22] Invalid argument"), which no flag caused
+    Cause.bad_args: ((r"\bunrecognized (?:argument|option)|\binvalid (?:value|choice|option)|"
+                      r"^(?!.*\b(?:cuda|hip|cudnn|cublas|nccl|rccl|mpi|errno 22|einval|cudaError\w*)\b.{0,30}invalid argument)"
+                      r".*\binvalid argument|"
                       r"\bunknown (?:argument|option|flag|parameter|config(?:uration)? (?:key|option)|setting)s?\b", 3),
                      # a flag held to a requirement on an error line: "Use of '--load-model' requires setting
                      # '--model-control-mode=explicit'", "--x must be ...", "Pass --model-name or --model-path"
