@@ -40,6 +40,9 @@ _EXC_LINE = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit|
 _CHAINED = re.compile(r"^During handling of the above exception, another exception occurred:|"
                       r"^The above exception was the direct cause of the following exception:")
 _SIGNAL_EXIT = {137: 9, 139: 11, 134: 6, 135: 7, 143: 15, 136: 8, 132: 4}
+# a line that reports a failure (not a setting, a timeout's value or a warning)
+_FAILED = re.compile(r"\b(?:error|fail\w*|fatal|cannot|can't|unable|not (?:yet )?supported|unsupported|invalid|refused|"
+                     r"denied|abort\w*|exceed\w*|out of memory)\b", re.I)
 _CONSEQUENCE = {Cause.native_crash, Cause.killed_external}  # words of how a process ended, not why
 _NATIVE = {_signal.SIGSEGV, _signal.SIGABRT, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL}
 
@@ -339,9 +342,13 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
         if decided.cause is Cause.unknown and not known and (decided.line or 0) > 1:
             # a plain bug's exception after a line that said a cause in so many words ("Model type mllama
             # not supported.", then the ModuleNotFoundError it led to): the words say what went wrong first
-            said = words.score(heard[:(decided.line or 1) - 1])
-            if said and said[0][1] >= 3 and (len(said) == 1 or said[0][1] >= 1.25 * said[1][1]):
-                cause, s, n = said[0]
+            # one line that says it by itself and reads as a failure, not the sum of a config's chatter
+            # ("collectives gloo with --dist-timeout 60s")
+            said = next(((n, sc[0]) for n, t in enumerate(heard[:(decided.line or 1) - 1], 1)
+                         if t and _FAILED.search(t) and (sc := words.score([t])) and sc[0][1] >= 3
+                         and (len(sc) == 1 or sc[0][1] > sc[1][1])), None)
+            if said:
+                n, (cause, s, _) = said
                 alts[Cause.unknown] = 0.4
                 decided = Finding(cause, n, texts[n - 1], "words", 0.5,
                                   source=f"cause words before the exception (score {s:g}); the exception names no cause")
