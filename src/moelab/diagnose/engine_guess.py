@@ -16,7 +16,7 @@ import re
 # engine -> marks in its logs (regexes, searched per line)
 MARKS: dict[str, tuple[str, ...]] = {
     "vllm": (r"\bvllm[./]", r"\(EngineCore(?:_DP\d+)? pid=", r"\(VllmWorker", r"\bvLLM\b", r"vllm serve",
-             r"\((?:RayWorkerWrapper|APIServer|Worker(?:_TP\d+)?) pid=\d+\)"),
+             r"\((?:RayWorkerWrapper|APIServer|Worker(?:_TP\d+)?) pid=\d+\)", r"\] Avg prompt throughput: [\d.]+ tokens/s"),
     "sglang": (r"\bsglang[./]", r"\bsgl_kernel\b", r"\[[\d\- :]+ (?:TP|DP|EP)\d+(?: \w+\d+)*\]",
                r"launch_server", r"Scheduler hit an exception"),
     "embedded": (r"\bmoelab\.engine\b", r"^moelab serve: "),
