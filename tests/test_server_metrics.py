@@ -143,11 +143,12 @@ def test_the_embedded_engine_serves_prometheus_text_and_bench_reads_it(tmp_path)
 @pytest.mark.embedded
 @pytest.mark.slow
 def test_capacity_search_converges_where_the_slo_breaks_checked_against_a_sweep(tmp_path):
-    # 3 running slots: a 4th concurrent request waits for a whole request (~128 decode steps), so p90
-    # TTFT jumps from milliseconds to about a request's length (hundreds of ms, more on a busy machine,
-    # whose stalls the 150 ms SLO leaves room for) between concurrency 3 and 4.
+    # 3 running slots: a 4th concurrent request waits for a whole request (~256 decode steps), so p90
+    # TTFT jumps from milliseconds to about a request's length (about 0.3 s at the tiny model's 1 ms a
+    # step, more on a busy machine, whose stalls the 150 ms SLO leaves room for) between concurrency 3
+    # and 4. (128 steps made a request about as long as the SLO on a fast machine: concurrency 5 met it.)
     s = _serve(tmp_path, "--max-running-requests", "3")
-    common = ["--url", s.url, "--input-len", "16", "--output-len", "128", "--num-prompts", "12"]
+    common = ["--url", s.url, "--input-len", "16", "--output-len", "256", "--num-prompts", "12"]
     slo = SLO(ttft_ms=150)
     try:
         rc, found = _bench(*common, "--find", "max-concurrency", "--slo", "ttft_ms=150")
