@@ -4,13 +4,16 @@
     python3 bench/diagnose_accuracy.py --misses dev    # also every dev-split miss (never the check split's)
     python3 bench/diagnose_accuracy.py --split dev     # the dev split alone (while rules are written)
     python3 bench/diagnose_accuracy.py --json
+    python3 bench/diagnose_accuracy.py --no-rules      # the general layers alone: every signature rule taken away
 
-The corpus is tests/data/real-logs/ (432 cases from public issue threads, labelled from the thread's
+The corpus is tests/data/real-logs/ (469 cases from public issue threads, labelled from the thread's
 confirmed cause); split.json set the check split aside before any rule was written against the
 corpus, and misses are only ever listed for the dev split. Each log is classified the way
 `moelab diagnose LOG` would: the engine guessed from the log, the exit status only where the
 thread states one. The baseline is `unknown` for every case (what a tool with no rules says),
 measured in the same run. The time per log is the classifier alone, and one 1 MB log is timed too.
+`--no-rules` measures what carries to a wording no rule was written for: the structure of the log and
+the cause words alone (layers 2-4), with the same splits and baseline.
 """
 from __future__ import annotations
 
@@ -32,11 +35,12 @@ def cases() -> list[dict]:
     return out
 
 
-def classify_case(c: dict):
+def classify_case(c: dict, no_rules: bool = False):
     from moelab.diagnose import classify
     from moelab.diagnose.engine_guess import guess_engine
 
-    return classify(c["lines"], exit_code=c.get("exit_code"), engine=guess_engine(c["lines"]))
+    return classify(c["lines"], exit_code=c.get("exit_code"), engine=guess_engine(c["lines"]),
+                    rules=() if no_rules else None)
 
 
 def megabyte_log() -> tuple[list[str], str]:
@@ -56,6 +60,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--misses", choices=["dev"], help="list the misses of the dev split (the check split stays unread)")
     ap.add_argument("--split", choices=["dev", "check"], help="measure one split only (while rules are written: dev)")
+    ap.add_argument("--no-rules", action="store_true", help="take every signature rule away: the general layers alone")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     split = json.loads((ROOT / "split.json").read_text())
@@ -64,15 +69,15 @@ def main() -> int:
     results: dict[str, list[tuple[dict, str, float]]] = defaultdict(list)
     for c in all_cases:
         t0 = time.perf_counter()
-        v = classify_case(c)
+        v = classify_case(c, a.no_rules)
         results[where.get(c["id"], "unsplit")].append((c, v.cause.value, time.perf_counter() - t0))
     from moelab.diagnose import classify
 
     big, want = megabyte_log()
     t0 = time.perf_counter()
-    big_got = classify(big).cause.value
+    big_got = classify(big, rules=() if a.no_rules else None).cause.value
     mb_s = time.perf_counter() - t0
-    doc = {"cases": len(all_cases), "one_mb_log_s": round(mb_s, 3), "one_mb_log_lines": len(big),
+    doc = {"cases": len(all_cases), "signature_rules": not a.no_rules, "one_mb_log_s": round(mb_s, 3), "one_mb_log_lines": len(big),
            "one_mb_log_right": big_got == want, "splits": {}}
     for name in ("dev", "check", "unsplit"):
         rows = results.get(name)
@@ -102,6 +107,8 @@ def main() -> int:
     if a.json:
         print(json.dumps(doc, indent=1))
         return 0
+    if a.no_rules:
+        print("signature rules taken away: structure and cause words alone")
     print(f"{doc['cases']} real logs; one 1 MB log ({len(big):,} lines of real engine output, a real failure at "
           f"the end) classified in {mb_s:.3f} s as {big_got} ({'right' if big_got == want else 'WRONG, expected ' + want})")
     for name, s in doc["splits"].items():
