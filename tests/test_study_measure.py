@@ -101,9 +101,10 @@ def test_a_study_under_max_concurrency_at_slo_ranks_by_capacity(tmp_path):
     pytest.importorskip("torch")
     doc = {"name": "capacity", "engine": "embedded", "model": "tiny", "base": {MOE: "reference"},
            "axes": {"--max-running-requests": [2, 4]}, "objective": "max_concurrency_at_slo",
-           # a request that waits for a slot waits about a whole request (128 decode steps), far above
-           # 150 ms even on a busy machine, where a request that does not wait stays far below it
-           "slo": {"ttft_ms": 150}, "workload": {"concurrency": [1, 6], "input_len": 16, "output_len": 128,
+           # a request that waits for a slot waits about a whole request (256 decode steps, about 0.3 s at
+           # the tiny model's 1 ms a step; 128 came to the SLO itself on a fast machine), far above 150 ms,
+           # where a request that does not wait stays far below it even on a busy machine
+           "slo": {"ttft_ms": 150}, "workload": {"concurrency": [1, 6], "input_len": 16, "output_len": 256,
                                                 "num_prompts": 8, "rounds": 2},
            "staged": {"finalists": 1, "repeats": 2, "final_launches": 2, "tune_trials": 0},
            "launch": {"timeout_s": 120}}
