@@ -88,7 +88,7 @@ _HOW_TO_TELL = ("To tell a host OOM from an outside kill: `dmesg -T | grep -i 'k
                 "`docker inspect -f '{{.State.OOMKilled}}' CONTAINER`, the cgroup's memory.events oom_kill count; "
                 "`moelab launch --memory-limit` records this evidence itself.")
 LOOKED_FOR = ("signature rules (engine and generic)", "Python exceptions and the package that raised them",
-              "native crash reports (C++ terminate, faulthandler, signals)", "kills and OOM-killer lines",
+              "native crash reports (C++ terminate, faulthandler, signals)", "Go and Rust panics", "kills and OOM-killer lines",
               "process listings of leftovers", "degenerate output", "stalled throughput", "cause words")
 
 
@@ -341,8 +341,8 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
                 alts[nxt.cause] = 0.45
         if decided.cause is Cause.unknown and not known and (decided.line or 0) > 1:
             # a plain bug's exception after a line that said a cause in so many words ("Model type mllama
-            # not supported.", then the ModuleNotFoundError it led to): the words say what went wrong first
-            # one line that says it by itself and reads as a failure, not the sum of a config's chatter
+            # not supported.", then the ModuleNotFoundError it led to): the words say what went wrong first.
+            # One line that says it by itself and reports a failure, never the sum of a config's chatter
             # ("collectives gloo with --dist-timeout 60s")
             said = next(((n, sc[0]) for n, t in enumerate(heard[:(decided.line or 1) - 1], 1)
                          if t and _FAILED.search(t) and (sc := words.score([t])) and sc[0][1] >= 3
