@@ -599,22 +599,29 @@ _PUNCT_ONLY = re.compile(r"^\s*(?=(?:\s*[,;:!?/\\@$%&]){4})[\s,;:!?/\\@$%&]+$")
 _LABEL = re.compile(r"^\s*(?:Output|Response|Answer|Assistant|AI|Bot|Model|A)\s*:\s*", re.I)
 
 
-def _short_answer(answers: list[tuple[int, str]]) -> tuple[int, str] | None:
-    """(line, why) of a loop in a short pasted answer; None when it reads as language."""
+def _short_answer(answers: list[tuple[int, str]]) -> tuple[int, str, bool] | None:
+    """(line, why, whole) of a loop in a short pasted answer, `whole` where one line of symbols says it
+    in an answer of any length; None when it reads as language."""
+    if len(answers) > 4:
+        return _symbols(answers)
     for n, t in answers:
         said = _LABEL.sub("", t).strip()
         if (m := _ELIDED_LOOP.search(said)) and len(m.group(1)) >= 6:
-            return n, f"{m.group(1)!r} said twice, then the rest left out (...)"
+            return n, f"{m.group(1)!r} said twice, then the rest left out (...)", False
         if (m := _STUTTER.search(said)) and not re.search(r"(?i)\b(?:ha|he|hi|ho|la|na)+\b", said):
-            return n, f"a syllable stuttered inside a word ({m.group(0)!r})"
+            return n, f"a syllable stuttered inside a word ({m.group(0)!r})", False
         if m := _WORD_TWICE.search(said):
-            return n, f"the word {m.group(1)!r} twice in a row"
+            return n, f"the word {m.group(1)!r} twice in a row", False
+    return _symbols(answers)
+
+
+def _symbols(answers: list[tuple[int, str]]) -> tuple[int, str, bool] | None:
     rows = [(n, m.group(1)) for n, t in answers if (m := _SYMBOL_ROW.match(t))]
     if rows and (len(rows) >= 2 or rows[0][1] in "!?"):
-        return rows[0][0], f"lines of one symbol repeated ({', '.join(repr(c * 5) for _, c in rows[:3])} ...)"
+        return rows[0][0], f"lines of one symbol repeated ({', '.join(repr(c * 5) for _, c in rows[:3])} ...)", True
     bare = [(n, t) for n, t in answers if _PUNCT_ONLY.match(t)]
     if bare and len(bare) < len(answers):  # among lines that are language: an answer of symbol punctuation alone
-        return bare[0][0], f"an answer of punctuation and symbols alone ({bare[0][1].strip()[:20]!r})"
+        return bare[0][0], f"an answer of punctuation and symbols alone ({bare[0][1].strip()[:20]!r})", True
     return None
 
 
@@ -631,7 +638,7 @@ def broken_text(texts: list[str]) -> list[Finding]:
         return [Finding(Cause.garbage_output, answers[0][0], texts[answers[0][0] - 1][:300], "structure", 0.55,
                         strength=WEAK, source=f"structure: a chat transcript whose answers to {len(prompts)} prompts "
                                               "hold no letter, only symbols")]
-    if (short := _short_answer(answers)) and (len(answers) <= 4 or "symbol" in short[1]):
+    if short := _short_answer(answers):
         return [Finding(Cause.garbage_output, short[0], texts[short[0] - 1][:300], "structure", 0.55, strength=WEAK,
                         source=f"structure: the pasted answer is not language: {short[1]}")]
     toks = [(n, w) for n, t in lines for w in re.findall(r"[^\W_]+", t)]
@@ -684,14 +691,23 @@ _STUCK = re.compile(r"generation throughput: 0\.0 tokens/s, Running: ([1-9]\d*) 
 
 
 def no_progress(texts: list[str]) -> list[Finding]:
-    hits = [(n, t) for n, t in enumerate(texts, 1) if _STUCK.search(t)]
+    # one pass; the patterns run only on lines that hold their words (a long log holds few)
+    hits, queued, shifts = [], [], {}
+    for n, t in enumerate(texts, 1):
+        if "throughput" in t:
+            if _STUCK.search(t):
+                hits.append((n, t))
+            if m := _QUEUED.search(t):
+                queued.append((n, t, int(m.group(2))))
+        elif "context shift" in t.lower():
+            task = _TASK.search(t)
+            shifts.setdefault(task.group(0) if task else "", []).append(n)
     if len(hits) >= 3:
         n, t = hits[0]
         return [Finding(Cause.hang, n, t, "structure", 0.75,
                         source=f"structure: {len(hits)} throughput reports at 0.0 tokens/s with requests running")]
     # requests queue up and none is scheduled: reports with nothing running, the queue never shorter,
     # the last at 0.0 tokens/s
-    queued = [(n, t, int(m.group(2))) for n, t in enumerate(texts, 1) if (m := _QUEUED.search(t))]
     tail = []
     for q in queued:
         tail = tail + [q] if tail and q[2] >= tail[-1][2] else [q]
@@ -705,11 +721,6 @@ def no_progress(texts: list[str]) -> list[Finding]:
                                "without chunked prefill. Raise the budget to at least --max-model-len, or enable "
                                "chunked prefill.")]
     # a server that keeps shifting one request's context: it generates past the window and never ends
-    shifts: dict[str, list[int]] = {}
-    for n, t in enumerate(texts, 1):
-        if _SHIFT.search(t):
-            task = _TASK.search(t)
-            shifts.setdefault(task.group(0) if task else "", []).append(n)
     looped = max(shifts.values(), key=len, default=[])
     if len(looped) >= 3:
         return [Finding(Cause.hang, looped[0], texts[looped[0] - 1][:300], "structure", 0.65,
@@ -723,5 +734,4 @@ def no_progress(texts: list[str]) -> list[Finding]:
 
 _QUEUED = re.compile(r"generation throughput: [\d.]+ tokens/s, Running: (0) reqs.*\bPending: ([1-9]\d*) reqs")
 _ZERO_GEN = re.compile(r"generation throughput: 0\.0 tokens/s")
-_SHIFT = re.compile(r"\bcontext shift\b", re.I)
 _TASK = re.compile(r"\btask_id\W+\d+")
