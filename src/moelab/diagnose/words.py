@@ -37,12 +37,12 @@ _EXHAUSTED = re.compile(r"\bout of (?!shared\b)(?:\w+ )?memory\b|\boom\b|\b(?:no
 _DEVICE = re.compile(r"(?<![a-z])hbm\d*\b|\b(?:cuda\w*|gpus?|vram|device|rocm\d*|hip\w*|vulkan|vk|metal|mps|xpu|npu|tpu|cublas\w*|"
                      r"cudnn\w*|kv[ -]?cache|cache blocks|mem[-_]fraction\w*|gpu[-_]memory[-_]utilization|video memory|"
                      r"accelerator|outofdevicememory|errorout\w*devicememory)\b", re.I)
-_HOST = re.compile(r"cpu|\bErrno 12\b|\bENOMEM\b|\bcannot allocate memory\b|\b(?:host|system (?:ram|memory)|ram|swap|paging file|page ?file|virtual memory|mmap|malloc|"
-                   r"bad_alloc|MemoryError|java|pod|container|cgroup|for an array|memory pressure|commit_memory)\b", re.I)
-
 # what only the host's memory says, whatever else the line names (a page file too small to load a CUDA DLL)
 _HOST_SURE = re.compile(r"\b(?:paging|page|swap) file\b|\b(?:WinError|os error) 1455\b|\bErrno 12\b|\bENOMEM\b|"
                         r"CPUAllocator|\bbad_alloc\b|\bMemoryError\b|\bcannot allocate memory\b", re.I)
+# ... and what names the host among other words
+_HOST = re.compile(_HOST_SURE.pattern + r"|cpu|\b(?:host|system (?:ram|memory)|ram|swap|pagefile|virtual memory|mmap|malloc|java|pod|"
+                   r"container|cgroup|for an array|memory pressure|commit_memory)\b", re.I)
 
 
 def memory_place(texts: list[str], n: int) -> str | None:
