@@ -363,7 +363,14 @@ UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that name
            "AnomalyGPT-43": ("host_oom", "return code = -9"),  # a launcher's SIGKILLed rank, no memory word
            "qwen38-27b-rtx3090-39": ("host_oom", "available RAM"),  # the loader said it would not fit, then died
            "vllm-ascend-5020": ("gpu_oom", "NPU out of memory"),
-           "tt-inference-server-2886": ("gpu_oom", "Out of Memory")}  # no place named: an accelerator's allocator
+           "tt-inference-server-2886": ("gpu_oom", "Out of Memory"),  # no place named: an accelerator's allocator
+           "llama.cpp-8101": ("host_oom", "cpu_buffer"),  # the host buffer first, then the KV cache it was for
+           "ArcticInference-29": ("bad_args", "error: argument --speculative-config"),  # argparse's own refusal
+           "vector-inference-157": ("bad_args", "error: argument --compilation-config"),  # ... not a compile error
+           "HunyuanImage-3.0-54": ("model_load_error", "validation error"),  # a model's architectures, not the GPU's
+           "sglang-552": ("collective_error", "peer access"),  # GPUs without P2P: no architecture refusal
+           "lit-llama-306": ("illegal_memory_access", "Assertion"),  # a kernel's assert, then the abort it raised
+           "vllm-50859": ("illegal_memory_access", "Memory access fault by GPU")}  # ROCm's words, then the abort
 
 
 @pytest.mark.parametrize("case,want", UNRULED.items(), ids=list(UNRULED))

@@ -44,6 +44,13 @@ _SIGNAL_EXIT = {137: 9, 139: 11, 134: 6, 135: 7, 143: 15, 136: 8, 132: 4}
 _FAILED = re.compile(r"\b(?:error|fail\w*|fatal|cannot|can't|unable|not (?:yet )?supported|unsupported|invalid|refused|"
                      r"denied|abort\w*|exceed\w*|out of memory)\b", re.I)
 _CONSEQUENCE = {Cause.native_crash, Cause.killed_external}  # words of how a process ended, not why
+
+
+def _memory_tie(scores: list[tuple[Cause, float, int]]) -> bool:
+    """Memory ran out, said as much of the device as of the host: one event told line by line (the
+    host buffer that failed, then the KV cache it was for). The first line that placed it decides."""
+    return len(scores) >= 2 and {scores[0][0], scores[1][0]} == {Cause.gpu_oom, Cause.host_oom} \
+        and scores[0][1] == scores[1][1] and (len(scores) == 2 or scores[2][1] * 1.25 <= scores[1][1])
 _NATIVE = {_signal.SIGSEGV, _signal.SIGABRT, _signal.SIGBUS, _signal.SIGFPE, _signal.SIGILL}
 
 # What to do next when a cause was found by structure or words rather than by a rule with advice.
@@ -339,19 +346,24 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
                 decided = nxt
             else:
                 alts[nxt.cause] = 0.45
-        if decided.cause is Cause.unknown and not known and (decided.line or 0) > 1:
+        crash = decided.cause is Cause.native_crash and decided.layer == "structure" and \
+            all(f.cause in (Cause.native_crash, Cause.unknown) for f in known)
+        if (decided.cause is Cause.unknown and not known or crash) and (decided.line or 0) > 1:
             # a plain bug's exception after a line that said a cause in so many words ("Model type mllama
             # not supported.", then the ModuleNotFoundError it led to): the words say what went wrong first.
             # One line that says it by itself and reports a failure, never the sum of a config's chatter
             # ("collectives gloo with --dist-timeout 60s")
-            said = next(((n, sc[0]) for n, t in enumerate(heard[:(decided.line or 1) - 1], 1)
+            # A crash's cause is said just before it (a kernel's assert, then the abort it raised)
+            lo = max(0, (decided.line or 1) - 1 - 30) if crash else 0
+            said = next(((n, sc[0]) for n, t in enumerate(heard[lo:(decided.line or 1) - 1], lo + 1)
                          if t and _FAILED.search(t) and (sc := words.score([t])) and sc[0][1] >= 3
-                         and (len(sc) == 1 or sc[0][1] > sc[1][1])), None)
+                         and (len(sc) == 1 or sc[0][1] > sc[1][1]) and sc[0][0] not in _CONSEQUENCE), None)
             if said:
                 n, (cause, s, _) = said
-                alts[Cause.unknown] = 0.4
+                alts[decided.cause] = 0.4
                 decided = Finding(cause, n, texts[n - 1], "words", 0.5,
-                                  source=f"cause words before the exception (score {s:g}); the exception names no cause")
+                                  source=f"cause words before the {'crash' if crash else 'exception'} (score {s:g}); "
+                                         f"the {'crash is how it ended' if crash else 'exception names no cause'}")
     elif killed9:
         decided, extra_advice = _sigkill(sig, sigkills, externals, oom, phase_hint, alts)
     elif weak:
@@ -372,8 +384,9 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
         decided = Finding(Cause.hang, None, _exit_text(exit_code, sig), "exit", 0.6,
                           advice="`timeout` ended it (status 124): it made no progress in time. Look at the last "
                                  "phase in the log.")
-    elif scores and scores[0][1] >= 2 and (len(scores) == 1 or scores[0][1] >= 1.25 * scores[1][1]):
-        cause, s, n = scores[0]
+    elif scores and scores[0][1] >= 2 and (len(scores) == 1 or scores[0][1] >= 1.25 * scores[1][1]
+                                            or _memory_tie(scores)):
+        cause, s, n = scores[0]  # best first, and of equals the earlier
         total = sum(x[1] for x in scores)
         decided = Finding(cause, n, texts[n - 1], "words", round(min(0.6, 0.3 + 0.3 * s / total), 2),
                           source=f"cause words: score {s:g} of {total:g} over the log")
@@ -509,7 +522,7 @@ def _clip(text: str, most: int) -> str:
     """A long evidence line, its head and its tail: a launcher's line puts the command first and what
     happened to it last ("... exits with return code = -9").
 
-    >>> _clip("x" * 700 + " exits with return code = -9", 600)[-28:]
+    >>> _clip("x" * 700 + " exits with return code = -9", 600)[-27:]
     'exits with return code = -9'
     """
     if len(text) <= most:

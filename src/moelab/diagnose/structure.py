@@ -140,7 +140,9 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
         had_header = rank in frames
         if etype == "ValidationError" and rule_cause is not None:
             # pydantic: "N validation error(s) for XConfig" and the message on the next lines
-            inner = next((c for t in texts[n:n + 4] if (c := rule_cause(t.removeprefix("Value error, ")))), None)
+            inner = next((c for t in texts[n:n + 4] if (c := rule_cause(t.removeprefix("Value error, ")))), None) or \
+                next((c for t in texts[n:n + 4] if (c := message_cause(t.strip().removeprefix("Value error, ")))
+                      and c is not Cause.bad_args), None)
             cause = inner or Cause.bad_args
             out.append(Finding(cause=cause, line=n, text=(text + " " + " ".join(texts[n:n + 2]))[:500],
                                layer="structure", rank=rank, confidence=0.8,

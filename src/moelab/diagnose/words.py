@@ -125,7 +125,9 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                           r"\bSTATUS_(?:ACCESS_VIOLATION|STACK_BUFFER_OVERRUN|ILLEGAL_INSTRUCTION|HEAP_CORRUPTION)\b|\baccess violation\b", 3),
                          (r"\bsignal:? \(?(?:4|6|7|8|11)\)?(?: received)?\b|\breceived signal (?:4|6|7|8|11|SIG\w+)\b|"
                           r"\bsignal: (?:illegal instruction|segmentation fault|aborted|bus error)", 3)),
-    Cause.unsupported_arch: ((r"\b(?:not|no longer|isn.t|un)\s?support\w*\b.*\b(?:gpu|device|arch\w*|sm_?\d+|compute capability|"
+    # a model's architecture ("Model architectures ['XForCausalLM'] are not supported. Supported architectures: ...")
+    # is the model's, not the GPU's
+    Cause.unsupported_arch: ((r"^(?!.*\b(?:peer access|p2p)\b).*\b(?:not|no longer|isn.t|un)\s?support\w*\b.*\b(?:gpu|device|(?<!model )(?<!supported )arch\w*|sm_?\d+|compute capability|"
                               r"hardware|platform|cuda capability)", 3), (r"\bonly (?:supported|supports?|works|runs)(?: on)?\b.*\b(?:gpus?|devices?|sm_?\d+|compute capability|"
                               r"ampere|hopper|blackwell|ada|turing|volta)\b", 3), (r"\bcompute capability\b", 2), (r"\bsm_?\d{2,3}\b", 1),
                              # "PagedKV Context FMHA is not supported on Volta": a feature refused on a named GPU generation
@@ -154,6 +156,9 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                       r"\b(?:cannot|can't|may not) be (?:used|combined|specified) (?:together )?with\b|\bmutually exclusive\b|"
                       r"\bconflicting (?:options|arguments|flags)\b", 3),
                      (r"\bnot divisible\b", 3),
+                     # argparse's own refusal: "vllm serve: error: argument --x: invalid loads value: '...'"
+                     (r"^(?:[\w.-]+ ){0,2}?[\w.-]+: error: (?:argument -{1,2}\w|unrecognized arguments\b)|"
+                      r"\binvalid \w+ value: [\'\"]", 4),
                      # a spec or config refused by its validator: Kubernetes' admission webhooks and kubectl's schema,
                      # a required key missing, a number flag given a word (C++'s stoi), a setting too large or small
                      (r"\badmission webhook\b.{0,80}\bdenied the request\b|\berror validating data\b|"
@@ -184,7 +189,10 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
     Cause.collective_error: ((r"\bnccl\b|\bc10d\b|\bgloo\b|\brendezvous\b|\ball[-_ ]?reduce\b|\bprocessgroup", 2),
                              (r"\bcollective\b", 1),
                              (r"\bcollective (?:operation )?time[ds]? ?out\b|\bwatchdog caught collective\b|\bWorkNCCL\b|"
-                              r"\bOpType=(?:ALLREDUCE|ALLGATHER|REDUCE_SCATTER|BROADCAST|ALLTOALL\w*|SEND|RECV)\b", 3)),
+                              r"\bOpType=(?:ALLREDUCE|ALLGATHER|REDUCE_SCATTER|BROADCAST|ALLTOALL\w*|SEND|RECV)\b", 3),
+                             # GPUs that cannot reach each other's memory (no P2P): a custom all-reduce's refusal
+                             (r"\bpeer access\b.{0,40}\b(?:not supported|unsupported|not available|disabled|fail\w*)\b|"
+                              r"\bp2p\b.{0,40}\b(?:not supported|unsupported|not available|fail\w*)\b", 3)),
     Cause.kernel_resource_limit: ((r"\bshared memory\b.*\b(?:exceed|limit|too much|required|(?:more|larger|greater) than)|"
                                    r"\btoo many resources\b|\bout of resources?\b|\bregisters?\b.*\b(?:exceed|too many)|"
                                    r"\bmax\w*SharedMemory\w*", 3),
@@ -193,7 +201,9 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                                    r".{0,40}\bmax\w*\b.{0,30}\bthreads?\b|\bmax\w* threads per (?:threadgroup|block)\b.{0,30}\bexceed", 3)),
     Cause.illegal_memory_access: ((r"illegal (?:memory access|address)|\ban illegal instruction was encountered\b|device-side assert|"
                                    r"misaligned address|\bxid\b|launch failure|\.cu:\d+: .*\bAssertion\b.*\bfailed\b|"
-                                   r"\bcudaErrorIllegal\w*|\bCUDA error: .*\billegal\b", 3),),
+                                   r"\bcudaErrorIllegal\w*|\bCUDA error: .*\billegal\b|"
+                                   # ROCm's words for the same fault
+                                   r"\bmemory access fault by (?:gpu|device)\b|\bhipErrorIllegal\w*", 3),),
     Cause.orphan_leak: ((r"\borphan\w*|\bzombie\b|\bleak\w*\b|left behind|still (?:running|alive)|reparent", 2),),
 }
 _PLACE = {Cause.gpu_oom: "device", Cause.host_oom: "host"}
