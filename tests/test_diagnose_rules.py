@@ -370,7 +370,15 @@ UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that name
            "HunyuanImage-3.0-54": ("model_load_error", "validation error"),  # a model's architectures, not the GPU's
            "sglang-552": ("collective_error", "peer access"),  # GPUs without P2P: no architecture refusal
            "lit-llama-306": ("illegal_memory_access", "Assertion"),  # a kernel's assert, then the abort it raised
-           "vllm-50859": ("illegal_memory_access", "Memory access fault by GPU")}  # ROCm's words, then the abort
+           "vllm-50859": ("illegal_memory_access", "Memory access fault by GPU"),  # ROCm's words, then the abort
+           "vllm-13150": ("model_load_error", "No supported config format found"),
+           "ollama-6998": ("model_load_error", "wrong number of tensors"),  # the loader's words, then terminate
+           "llm-scaler-77": ("hang", "RPC call to execute_model timed out"),  # a running engine's workers
+           "mlxstudio-83": ("gpu_oom", "maximum allowed buffer size"),  # Metal's one-buffer cap
+           "mlc-llm-974": ("gpu_oom", "VK_ERROR_OUT_OF_DEVICE_MEMORY"),  # not the build folder's name
+           "legacy-rocm-build-1269": ("unsupported_arch", "hipErrorNoBinaryForGpu"),
+           "sglang-25484": ("kernel_resource_limit", "too much shared data"),  # ptxas's words, no compile error
+           "sglang-1691": ("hang", "without making progress")}  # a watchdog's count, said with the abort it led to
 
 
 @pytest.mark.parametrize("case,want", UNRULED.items(), ids=list(UNRULED))

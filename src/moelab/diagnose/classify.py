@@ -310,10 +310,10 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
     heard = [t if n not in ignored else "" for n, t in enumerate(texts, 1)]  # known-harmless lines say nothing
     scores = words.score(heard) if not strong or len(texts) <= 400 else []
     if scores:
-        # a crash or a kill said after another cause's words is how that cause ended the process: the
+        # a crash or a kill said after (or with) another cause's words is how that cause ended the process: the
         # table's native_crash is "with no more specific cause above"
         named = [(c, n) for c, s, n in scores if c not in _CONSEQUENCE and s >= 2]
-        scores = [x for x in scores if x[0] not in _CONSEQUENCE or not any(n < x[2] for _, n in named)] or scores
+        scores = [x for x in scores if x[0] not in _CONSEQUENCE or not any(n <= x[2] for _, n in named)] or scores
 
     decided: Finding | None = None
     alts: dict[Cause, float] = {}

@@ -31,12 +31,12 @@ _EXHAUSTED = re.compile(r"\bout of (?!shared\b)(?:\w+ )?memory\b|\boom\b|\b(?:no
                         r"(?!shared\b)(?:\w+ )?memory\b|\bran out of (?:\w+ )?memory\b|\b(?:paging|page|swap) file is too small\b|"
                         r"\b(?:WinError|os error) 1455\b|\bErrno 12\b|\bENOMEM\b|\bmemory (?:is )?(?:exhausted|full)\b|"
                         r"\bresource[_ ]exhausted\b|\b(?:fail\w*|unable|cannot|could not|can't|couldn't) (?:to )?allocat\w*|"
-                        r"\ballocat\w* (?:of [^,;]{0,40}?)?(?:failed|error)\b|\balloc(?:ation)?_?failed\b|outof\w*memory|"
+                        r"\ballocat\w* (?:of [^,;]{0,40}?)?(?:failed|error)\b|\balloc(?:ation)?_?failed\b|outof\w*memory|out_of_(?:device_|host_)?memory|"
                         r"\bexceed\w* (?:the )?(?:\w+ )?(?:memory|capacity)\b|\bmemory pressure\b|\bbad_alloc\b|\bMemoryError\b",
                         re.I)
 _DEVICE = re.compile(r"(?<![a-z])hbm\d*\b|\b(?:cuda\w*|gpus?|vram|device|rocm\d*|hip\w*|vulkan|vk|metal|mps|xpu|npu|tpu|cublas\w*|"
                      r"cudnn\w*|kv[ -]?cache|cache blocks|mem[-_]fraction\w*|gpu[-_]memory[-_]utilization|video memory|"
-                     r"accelerator|outofdevicememory|errorout\w*devicememory)\b", re.I)
+                     r"accelerator|outofdevicememory|errorout\w*devicememory|\w*out_of_device_memory)\b", re.I)
 # what only the host's memory says, whatever else the line names (a page file too small to load a CUDA DLL)
 _HOST_SURE = re.compile(r"\b(?:paging|page|swap) file\b|\b(?:WinError|os error) 1455\b|\bErrno 12\b|\bENOMEM\b|"
                         r"CPUAllocator|\bbad_alloc\b|\bMemoryError\b|\bcannot allocate memory\b", re.I)
@@ -84,7 +84,8 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                     (r"\b(?:cudaErrorMemoryAllocation|CUDA_ERROR_OUT_OF_MEMORY|hipErrorOutOfMemory|CUBLAS_STATUS_ALLOC_FAILED|"
                      r"CUDNN_STATUS_ALLOC_FAILED|\w*OutOfDeviceMemory\w*)\b", 3),
                     # one buffer over the device's limit (Metal's maxBufferLength, a Vulkan heap)
-                    (r"buffer\S*\s.{0,60}?\bmust not exceed \d+|\bexceeds? (?:the )?max(?:imum)? (?:allowed )?buffer (?:size|length)\b", 3), (r"\bcudaMalloc\b", 2),
+                    (r"buffer\S*\s.{0,60}?\bmust not exceed \d+|\b(?:exceeds?|(?:greater|more|larger) than) (?:the )?max(?:imum)? "
+                     r"(?:allowed )?buffer (?:size|length)\b", 3), (r"\bcudaMalloc\b", 2),
                     (r"\b(?:not enough|insufficient)\b.*\b(?:gpu|vram|device|video) memory\b|\bfail\w* to allocate\b.*\b(?:kv[ -]?cache|gpu|vram|cuda|device)\b", 3),
                     # "Insufficient VRAM for model and cache", "ran out of VRAM"
                     (r"\b(?:not enough|insufficient|out of|ran out of|exceeds?(?: the)?(?: available)?)\s+(?:free\s+)?vram\b", 3),
@@ -111,9 +112,14 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                             (r"\bhealth ?check\b.*\b(?:fail|not ready|unhealthy)", 2),
                             (r"\bfail\w* to become (?:healthy|ready|available)\b|\b(?:is|became|marked|reported) unhealthy\b|"
                              r"\btimed? ?out waiting for (?:the )?\w+ to (?:start|send|be ready|become|respond|load|come up|connect)", 3)),
-    Cause.hang: ((r"\b(?:stuck|hung|hangs?|hanging|deadlock|freez\w*|no progress|not making progress)\b", 2),
+    Cause.hang: ((r"\b(?:stuck|hung|hangs?|hanging|deadlock|freez\w*|no progress|(?:not|without) making progress)\b", 2),
+                 # stuck for a stated time: a watchdog's own count
+                 (r"\b(?:stuck|hung|no progress|without (?:making )?progress)\b.{0,20}\bfor \d+ ?(?:s|secs?|seconds|mins?|minutes)\b", 3),
                  (r"\bwatchdog\b", 2), (r"\bnot responding\b", 1),
-                 (r"\bno (?:new )?tokens? (?:generated|produced)\b|\bno output for \d+", 2)),
+                 (r"\bno (?:new )?tokens? (?:generated|produced)\b|\bno output for \d+", 2),
+                 # a running engine's call to its workers that never came back
+                 (r"\brpc\b.{0,40}\btimed? ?out\b|\btimed? ?out\b.{0,20}\bwaiting for (?:the )?(?:outputs?|responses?|results?|"
+                  r"repl(?:y|ies)|steps?)\b", 3)),
     Cause.numerical_nan: ((r"\bnan\b|\binf\b.*\bnan\b|non-finite|not finite", 3),),
     # "terminated" alone is no outside kill: gcc's "compilation terminated.", ollama's "runner process has terminated"
     Cause.killed_external: ((r"\bsigterm\b|\bsignal 15\b|\bevict\w*|\bpreempt\w*|\b(?:was|been|got|being) (?:terminated|killed)\b|"
@@ -137,7 +143,10 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                              (r"\b(?:arch\w*|sm(?: version)?|gpu|device|compute capability|cuda capability)\s+(?:is\s+)?unsupported\b|"
                               r"\bunsupported (?:sm|arch\w*|gpu|device|compute capability|cuda capability)\b|"
                               r"\bminimum (?:cuda|compute) capability\b|\b(?:gpu|device|card) (?:is )?too old\b|"
-                              r"\bno longer supports? this (?:gpu|device|card)\b", 3)),
+                              r"\bno longer supports? this (?:gpu|device|card)\b|"
+                              # HIP's: no code object built for this GPU
+                              r"\bhipErrorNoBinaryForGpu\b|\b(?:couldn.t|coudn.t|could not|cannot|can.t) find (?:a )?binary for "
+                              r"(?:the )?(?:current )?(?:gpu|device)s?\b", 3)),
     # "invalid argument" is also a device API's or the OS's refusal of a value (cudaErrorInvalidValue's "CUDA
     # error: invalid argument", EINVAL's "[Errno 22] Invalid argument"), which no flag caused
     Cause.bad_args: ((r"\bunrecognized (?:argument|option)|\binvalid (?:value|choice|option)|"
@@ -182,7 +191,13 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                              (r"unknown (?:model )?architecture|architectures? .* not supported|trust[_ -]remote[_ -]code|"
                               r"\bmodel (?:type|architecture|class)\b.{0,40}\bnot (?:yet )?supported|"
                               r"\bunsupported model (?:type|architecture)\b", 3),
-                             (r"invalid magic|corrupt\w*\b.*\b(?:file|model|weights)", 2)),
+                             (r"invalid magic|corrupt\w*\b.*\b(?:file|model|weights)", 2),
+                             # the files a loader looks for, said missing in its own words ("No supported config
+                             # format found in X", "wrong number of tensors; expected 255, got 254")
+                             (r"\bno (?:supported |valid )?(?:config(?:uration)?|model|weights?|checkpoint|tokenizer|safetensors)\b"
+                              r".{0,30}\bfound\b|\bwrong number of tensors\b|\b(?:missing|cannot find|could not find) tensor\b|"
+                              r"\b(?:config|tokenizer|tokenizer_config|generation_config)\.json\b.{0,60}\b(?:not found|no such file|"
+                              r"does not exist|missing)\b|\bdoes not appear to have a file named\b", 3)),
     Cause.jit_compile_error: ((r"\b(?:compil(?:e|ation)|build)\b.*\b(?:fail|error)", 2), (r"\bninja\b|\bnvcc\b|\bptxas\b|\bnvrtc\b", 2),
                               (r"cannot find -l\w+|undefined reference|collect2: error|\bld returned\b|^compilation terminated\.?$|"
                                r"\bfatal error: [\w./+-]+\.(?:h|hpp|cuh|hxx): No such file", 3)),
@@ -194,6 +209,7 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                              (r"\bpeer access\b.{0,40}\b(?:not supported|unsupported|not available|disabled|fail\w*)\b|"
                               r"\bp2p\b.{0,40}\b(?:not supported|unsupported|not available|fail\w*)\b", 3)),
     Cause.kernel_resource_limit: ((r"\bshared memory\b.*\b(?:exceed|limit|too much|required|(?:more|larger|greater) than)|"
+                                   r"\btoo much shared (?:data|memory)\b|"
                                    r"\btoo many resources\b|\bout of resources?\b|\bregisters?\b.*\b(?:exceed|too many)|"
                                    r"\bmax\w*SharedMemory\w*", 3),
                                   # a launch wider than the device allows: Metal's threads per threadgroup, CUDA's block
