@@ -378,7 +378,12 @@ UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that name
            "mlc-llm-974": ("gpu_oom", "VK_ERROR_OUT_OF_DEVICE_MEMORY"),  # not the build folder's name
            "legacy-rocm-build-1269": ("unsupported_arch", "hipErrorNoBinaryForGpu"),
            "sglang-25484": ("kernel_resource_limit", "too much shared data"),  # ptxas's words, no compile error
-           "sglang-1691": ("hang", "without making progress")}  # a watchdog's count, said with the abort it led to
+           "sglang-1691": ("hang", "without making progress"),  # a watchdog's count, said with the abort it led to
+           "pytorch-15592": ("collective_error", "gloo::IoException"),  # a collective library's C++ exception
+           "ipex-llm-11877": ("collective_error", "CCL_ERROR"),  # oneCCL's own marks
+           "Qwen-TensorRT-LLM-123": ("bad_args", "mpiSize == tp * pp"),  # processes launched vs parallel sizes
+           "server-1105": ("bad_args", "Invalid argument"),  # the innermost clause of a wrapped load error
+           "ollama-1686": ("bad_args", "bad origin")}  # names OLLAMA_ORIGINS, set on the command line
 
 
 @pytest.mark.parametrize("case,want", UNRULED.items(), ids=list(UNRULED))

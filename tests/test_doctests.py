@@ -8,7 +8,7 @@ import pytest
 
 MODULES = ["moelab.formats", "moelab.study.attribute", "moelab.study.search", "moelab.study.file", "moelab.diagnose.tailor",
            "moelab.diagnose.classify", "moelab.diagnose.engine_guess", "moelab.diagnose.lines", "moelab.diagnose.ruleset",
-           "moelab.diagnose.words",
+           "moelab.diagnose.structure", "moelab.diagnose.words",
            "moelab.engines.check", "moelab.study.executors.local", "moelab.engines.effective",
            "moelab.load.server_metrics", "moelab.load.capacity"]
 

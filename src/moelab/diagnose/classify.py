@@ -346,6 +346,13 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
                 decided = nxt
             else:
                 alts[nxt.cause] = 0.45
+        env = structure.setting_named(texts, decided.line) if decided.cause is Cause.unknown and decided.line else None
+        if env:
+            # a plain error that names the setting an environment variable on the command line gave
+            alts[Cause.unknown] = 0.4
+            decided = Finding(Cause.bad_args, decided.line, decided.text, "structure", 0.6,
+                              source=f"structure: the error names {env[1]}, set on the command line (line {env[0]}): "
+                                     "its value was refused")
         crash = decided.cause is Cause.native_crash and decided.layer == "structure" and \
             all(f.cause in (Cause.native_crash, Cause.unknown) for f in known)
         if (decided.cause is Cause.unknown and not known or crash) and (decided.line or 0) > 1:

@@ -186,6 +186,33 @@ _SETTING_READ = re.compile(r"\b(?:(?P<env>os\.(?:getenv|environ(?:\.get)?))|(?:c
 _CHILD_KILLED = re.compile(r"died with <Signals\.SIG(?:KILL|TERM): (?:9|15)>|non-zero exit status -(?:9|15)\b")
 
 
+# a shell line that sets an environment variable for the command it runs ("OLLAMA_ORIGINS=x ollama serve")
+_ENV_SET = re.compile(r"(?:^|[\s;$>])(?P<var>[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)=\S+\s+(?:[\w./-]+)")
+# words of variable names that name no one setting (which device, where, how loud)
+_ENV_COMMON = {"cuda", "visible", "devices", "device", "home", "path", "level", "debug", "verbose", "cache", "dir",
+               "launch", "blocking", "host", "port", "num", "threads", "library"}
+
+
+def setting_named(texts: list[str], line: int) -> tuple[int, str] | None:
+    """(line, VAR): an environment variable set on a command line before `line` whose own word the
+    error at `line` names ("OLLAMA_ORIGINS=chrome-extension://... ollama serve", then "panic: bad
+    origin: origins must contain '*'"): the value given was refused.
+
+    >>> setting_named(["$ OLLAMA_ORIGINS=chrome-extension://abc ollama serve", "panic: bad origin: ..."], 2)
+    (1, 'OLLAMA_ORIGINS')
+    >>> setting_named(["CUDA_VISIBLE_DEVICES=0 python serve.py", "KeyError: 'device'"], 2) is None
+    True
+    """
+    said = texts[line - 1].lower()
+    for n in range(line - 1, 0, -1):
+        for m in _ENV_SET.finditer(texts[n - 1]):
+            for word in m.group("var").lower().split("_")[1:]:
+                stem = word[:-1] if word.endswith("s") else word
+                if len(stem) >= 4 and word not in _ENV_COMMON and re.search(rf"\b{re.escape(stem)}", said):
+                    return n, m.group("var")
+    return None
+
+
 def _exception_cause(etype: str, msg: str, stack: list[str]) -> tuple[Cause | None, str]:
     if etype in TYPE_CAUSE:
         return TYPE_CAUSE[etype], f"{etype} means {TYPE_CAUSE[etype].value}"
@@ -241,7 +268,11 @@ _FAULTHANDLER = re.compile(r"^Fatal Python error: (Segmentation fault|Aborted|Bu
 
 # C++ exception types -> cause, where an uncaught one says more than "it aborted"
 CXX_TYPE_CAUSE: dict[str, Cause] = {"std::bad_alloc": Cause.host_oom,  # operator new found no host memory
-                                    "c10::OutOfMemoryError": Cause.gpu_oom}
+                                    "c10::OutOfMemoryError": Cause.gpu_oom,
+                                    "c10::DistBackendError": Cause.collective_error,
+                                    "c10::DistNetworkError": Cause.collective_error}
+# a C++ exception's namespace that is a collective library's ("gloo::IoException", "ccl::exception")
+_CXX_COLLECTIVE = re.compile(r"^(?:gloo|nccl|rccl|hccl|ccl|ucc|ucx|mpi)::", re.I)
 
 
 def native_reports(texts: list[str], rule_cause) -> list[Finding]:
@@ -253,7 +284,8 @@ def native_reports(texts: list[str], rule_cause) -> list[Finding]:
             what = (m.group(2) or "") if m.re is _LIBCXXABI else \
                 next((w.group(1) for t in texts[n:n + 3] if (w := _WHAT.match(t))), "")
             inner = (rule_cause(what) or message_cause(what)) if what else None
-            inner = inner if inner not in (None, Cause.unknown) else CXX_TYPE_CAUSE.get(m.group(1))
+            inner = inner if inner not in (None, Cause.unknown) else CXX_TYPE_CAUSE.get(m.group(1)) or \
+                (Cause.collective_error if _CXX_COLLECTIVE.match(m.group(1) or "") else None)
             if inner is not None and inner is not Cause.unknown:
                 out.append(Finding(cause=inner, line=n, text=f"{text} what(): {what}"[:400], layer="structure",
                                    confidence=0.85, source=f"structure: C++ terminate, what() says {inner.value}"))

@@ -175,6 +175,8 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                       r"\((?:stoi|stol|stoll|stof|stod|stoul)\)|: (?:stoi|stof|stod)$|"
                       r"\btoo (?:large|big|small|many|few|high|low|long) (?:a |an )?[a-z_ -]{0,30}?\b(?:space|size|value|length|"
                       r"count|number|ratio|fraction|utili[sz]ation|parallel\w*)\b", 3),
+                     # a launch whose process count does not match the parallel sizes asked ("mpiSize == tp * pp")
+                     (r"\b(?:mpi|world)_?size\b\s*(?:==|!=)\s*\w+\s*\*\s*\w+|\b(?:mpi|world)[ _]?size\b.{0,40}\b(?:does not|doesn't) match\b", 3),
                      # a model that cannot be split the way the flags ask
                      (r"\b(?:tensor[ _-]parallel\w*(?:[ _-]size)?|tp[ _-]size|sharding|shards|world[ _-]size|pipeline[ _-]parallel\w*)\b"
                       r".{0,60}\b(?:not (?:compatible|divisible|supported|aligned)|too (?:large|big|small)|must\b)|"
@@ -205,6 +207,8 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                              (r"\bcollective\b", 1),
                              (r"\bcollective (?:operation )?time[ds]? ?out\b|\bwatchdog caught collective\b|\bWorkNCCL\b|"
                               r"\bOpType=(?:ALLREDUCE|ALLGATHER|REDUCE_SCATTER|BROADCAST|ALLTOALL\w*|SEND|RECV)\b", 3),
+                             # the other collective libraries' own error marks (oneCCL, Ascend's HCCL, ROCm's RCCL)
+                             (r"\|CCL_ERROR\||\bfailed to initialize ATL\b|\b(?:hccl|rccl|oneccl)\w*\b.{0,60}\b(?:error|fail\w*|timed? ?out)\b", 3),
                              # GPUs that cannot reach each other's memory (no P2P): a custom all-reduce's refusal
                              (r"\bpeer access\b.{0,40}\b(?:not supported|unsupported|not available|disabled|fail\w*)\b|"
                               r"\bp2p\b.{0,40}\b(?:not supported|unsupported|not available|fail\w*)\b", 3)),
@@ -235,6 +239,25 @@ _ERRORISH = re.compile(r"error|fail|fatal|exception|killed|abort|crash|timeout|t
                        r"0x[cC]0000|too many resources|not divisible|terminated", re.I)
 
 
+def _innermost(t: str, line: dict[Cause, float]) -> dict[Cause, float]:
+    """A wrapped error ("failed to load 'm': Invalid argument: unexpected maximum batch size 64") says its
+    root last: of the causes one line names, the one its innermost clause names by itself decides.
+
+    >>> _innermost("failed to load 'm' version 1: Invalid argument: unexpected batch size",
+    ...            {Cause.bad_args: 3, Cause.model_load_error: 3})
+    {<Cause.bad_args: 'bad_args'>: 4}
+    """
+    parts = t.split(": ")
+    for k in range(len(parts) - 1, 0, -1):
+        tail = ": ".join(parts[k:])
+        hit = {c: max((wt for rx, wt in _COMPILED[c] if rx.search(tail)), default=0) for c in line}
+        best = max(hit.values())
+        if best >= 3:
+            top = [c for c, w in hit.items() if w == best]
+            return {top[0]: line[top[0]] + 1} if len(top) == 1 else line
+    return line
+
+
 def score(texts: list[str], max_lines: int = 20000) -> list[tuple[Cause, float, int]]:
     """[(cause, score, first line)] best first; only lines that read like errors count, except in
     short logs (a few pasted lines are all evidence)."""
@@ -247,6 +270,7 @@ def score(texts: list[str], max_lines: int = 20000) -> list[tuple[Cause, float, 
             continue
         usage = _USAGE.match(t)  # a usage or help line lists every flag: it says only that the flags were refused
         place = memory_place(texts, n - 1) if ran_out and not usage else None
+        line: dict[Cause, float] = {}
         for cause, pats in _COMPILED.items():
             if usage and cause is not Cause.bad_args:
                 continue
@@ -254,6 +278,10 @@ def score(texts: list[str], max_lines: int = 20000) -> list[tuple[Cause, float, 
             if ran_out and not usage and cause in _PLACE:
                 w = max(w, 3 if place == _PLACE[cause] else _UNPLACED[cause] if place is None else 0)
             if w:
-                totals[cause] = totals.get(cause, 0) + w
-                first.setdefault(cause, n)
+                line[cause] = w
+        if len(line) > 1 and ": " in t:
+            line = _innermost(t, line)
+        for cause, w in line.items():
+            totals[cause] = totals.get(cause, 0) + w
+            first.setdefault(cause, n)
     return sorted(((c, s, first[c]) for c, s in totals.items()), key=lambda x: (-x[1], x[2]))
