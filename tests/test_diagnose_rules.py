@@ -383,7 +383,11 @@ UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that name
            "ipex-llm-11877": ("collective_error", "CCL_ERROR"),  # oneCCL's own marks
            "Qwen-TensorRT-LLM-123": ("bad_args", "mpiSize == tp * pp"),  # processes launched vs parallel sizes
            "server-1105": ("bad_args", "Invalid argument"),  # the innermost clause of a wrapped load error
-           "ollama-1686": ("bad_args", "bad origin")}  # names OLLAMA_ORIGINS, set on the command line
+           "ollama-1686": ("bad_args", "bad origin"),  # names OLLAMA_ORIGINS, set on the command line
+           "sglang-14383": ("garbage_output", "Accuracy: 0.000"),  # an eval scored nothing; the command's
+           "vllm-17005": ("garbage_output", "exact_match"),  # --trust-remote-code is no load error
+           "vllm-33620": ("garbage_output", "Accuracy: 0.016"),  # not its progress bar, which repeats by design
+           "vllm-8017": ("garbage_output", "\ufffd2/")}  # half a character among whole ones, not the bar above
 
 
 @pytest.mark.parametrize("case,want", UNRULED.items(), ids=list(UNRULED))
@@ -480,3 +484,11 @@ def test_a_log_hard_wrapped_at_a_terminals_width_reads_as_the_log(width, kept):
         total += 1
         same += classify(wrapped, exit_code=meta.get("exit_code"), engine=guess_engine(wrapped)).cause is plain
     assert total > 100 and same >= kept * total, f"{same} of {total} wrapped logs kept their verdict"
+
+
+def test_an_evaluation_that_scored_is_no_garbage():
+    """Only a score of (near) nothing reads as garbage answers; the same eval after its fix (vllm#33620's
+    0.780) says nothing."""
+    for line in ("Accuracy: 0.780", "metrics={'accuracy': 0.5, 'invalid': 0.0}", "acc: 0.31"):
+        assert classify([line]).cause is not Cause.garbage_output, line
+    assert classify(["Accuracy: 0.016"]).cause is Cause.garbage_output

@@ -489,12 +489,30 @@ def _junk(text: str) -> bool:
     return sum(len(re.findall(r"[A-Z]\d|\d[A-Z]", t)) >= 3 for t in _JUNK.findall(text)) >= 1
 
 
+# an evaluation that scored (near) nothing: "Accuracy: 0.016", "'accuracy': 0.0", lm-eval's "|exact_match|↑ | 0|"
+_NO_SCORE = re.compile(r"\b(?:accuracy|acc|exact_match|pass@1)['\"]?\s*[:=]\s*0(?:\.(?:0+[0-4]?\d*|0*))?(?![\d.])|"
+                       r"\|\s*(?:exact_match|acc(?:_norm)?|accuracy)\s*\|[^|\d]*\|\s*0(?:\.0[0-4]\d*)?\s*\|", re.I)
+
+
+# a multibyte character decoded in half among whole ones: the detokenizer got bytes, not characters
+# (a log read with the wrong encoding has no whole CJK characters to stand beside)
+_HALF_CHAR = re.compile(r"\ufffd.{0,4}[\u4e00-\u9fff\u3040-\u30ff\uac00-\ud7af]|[\u4e00-\u9fff\u3040-\u30ff\uac00-\ud7af].{0,4}\ufffd")
+_PROGRESS_BAR = re.compile(r"\d+%\|[\u2580-\u259f #=>-]*\|")
+
+
 def degenerate(texts: list[str]) -> list[Finding]:
     out = []
+    scored = next((n for n, t in enumerate(texts, 1) if _NO_SCORE.search(t)), None)
+    if scored:
+        out.append(Finding(Cause.garbage_output, scored, texts[scored - 1][:300], "structure", 0.6, strength=WEAK,
+                           source="structure: an evaluation scored (near) zero: the answers are wrong wholesale, as a "
+                                  "kernel or quantization bug answers"))
     hash_rows = junk = 0
     chunks: list[tuple[int, str]] = []
     for n, text in enumerate(texts, 1):
         why = None
+        if _PROGRESS_BAR.search(text):
+            continue  # tqdm's bar repeats its block by design
         if _ESCAPED_NL.search(text):
             why = "only newlines were generated"
         elif (m := _RUN.search(text)) and not _HEXDUMP.search(text):
@@ -507,6 +525,8 @@ def degenerate(texts: list[str]) -> list[Finding]:
             why = g
         elif _MIXED_SCRIPT.search(text) or (len(text.split()) >= 6 and _scripts(text) >= 4):
             why = "words glued across scripts (token salad)"
+        elif _HALF_CHAR.search(text):
+            why = "a character cut in half inside the answer (U+FFFD beside CJK text)"
         elif _junk(text):
             junk += 1
             why = "letter-digit salad" if junk >= 2 else None

@@ -190,7 +190,10 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                      (r"\binvalid (?:port|host|hostname|address|url|endpoint)\b|"
                       r"\blookup (?:[^\s:]*[:%\\\u3000-\uffff][^\s]*|[A-Za-z]): no such host\b", 3)),
     Cause.model_load_error: ((r"\b(?:error|fail\w*) (?:loading|to load|to read)\b.*\b(?:model|weights?|checkpoint|tokenizer|gguf)", 3),
-                             (r"unknown (?:model )?architecture|architectures? .* not supported|trust[_ -]remote[_ -]code|"
+                             (r"unknown (?:model )?architecture|architectures? .* not supported|"
+                              # a refusal that asks for trust_remote_code, not a command line that passes it
+                              r"\b(?:requires?|need\w*|set|pass|enable|allow|execute)\b.{0,60}trust[_ -]remote[_ -]code|"
+                              r"trust[_ -]remote[_ -]code\b.{0,20}\b(?:must|is required|is needed|to (?:load|run|execute))|"
                               r"\bmodel (?:type|architecture|class)\b.{0,40}\bnot (?:yet )?supported|"
                               r"\bunsupported model (?:type|architecture)\b", 3),
                              (r"invalid magic|corrupt\w*\b.*\b(?:file|model|weights)", 2),
