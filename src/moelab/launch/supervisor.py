@@ -328,14 +328,22 @@ class Supervisor:
                 v = None
         if v is None:
             return None  # a helper process that ended normally (a compiler, a tokenizer job)
+        if not vanished and (self.tree.root_pid in gone or ooms):
+            # the OOM kill the cgroup counted may be the server process itself, not yet reaped:
+            # a killed process exits within milliseconds; if it is gone, that is the root's death
+            settle = time.monotonic() + (self.settle_s if self.tree.root_pid in gone else 0.5)
+            while self.proc.poll() is None and time.monotonic() < settle:
+                time.sleep(0.05)
+            if self.proc.poll() is not None:
+                return self._died()
         what = ", ".join(gone.values()) or "a process of the tree (the cgroup counted an OOM kill)"
         how = " (SIGKILL from the OOM killer)" if ooms or killed else ""  # the kernel's OOM kill is always SIGKILL
         at = 1 if v.evidence and v.evidence[0].kind == "log" else 0  # the log's own root line stays first
         v.evidence.insert(at, Evidence(kind="tree", text=f"{what} ended{how} while the server process "
                                                          f"(pid {self.tree.root_pid}) was still running"))
         v.evidence.extend(Evidence(kind="kernel_log", text=ln, source="dmesg") for ln in segv[:2])
-        v.detail.update(inner_death=True, log_phase=self.log.phase,
-                        died_after_s=round(now - self.t0, 3))
+        v.detail.update(inner_death=True, log_phase=self.log.phase, died_after_s=round(now - self.t0, 3),
+                        verdict_after_death_s=round(time.monotonic() - now, 3))
         # an engine that ends itself after a worker died (rank 0 tearing its ranks down) gets a
         # moment to do so: the verdict is the same, and nothing is left for the teardown to kill
         settle = time.monotonic() + self.settle_s
