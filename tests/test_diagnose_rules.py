@@ -329,6 +329,10 @@ def test_cause_words_of_real_logs(case, want):
 # split, each worded unlike the others: what carries to a log no rule was written for. (case, cause, words of the
 # deciding line)
 UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that names no place: an accelerator's allocator
+           "vllm-5677": ("bad_args", "does not match"),  # a flag's value against the checkpoint's config
+           "tt-inference-server-2563": ("hang", "Read timed out"),  # a client that reached the server, waited in vain
+           "llama.cpp-4492": ("native_crash", "SIGSEGV"),  # grammar-parse errors before the crash are no flag refusal
+           "ollama-644": ("native_crash", "illegal instruction"),
            "xla-2569": ("gpu_oom", "Resource exhausted"),  # the place is on the line (HBM1)
            "RWKV-Runner-97": ("host_oom", "DefaultCPUAllocator"),
            "enunu_training_kit-8": ("host_oom", "paging file"),  # a page file too small, loading a CUDA DLL
@@ -467,6 +471,21 @@ def test_every_dev_log_reads_the_same_through_a_launchers_prefix(wrapper):
     for meta, lines, plain in _dev_verdicts():
         wrapped = [wrap(t) for t in lines]
         through = classify(wrapped, exit_code=meta.get("exit_code"), engine=guess_engine(wrapped)).cause
+        if through is not plain:
+            changed.append(f"{meta['source']}: {plain.value} -> {through.value}")
+    assert changed == []
+
+
+def test_a_log_pasted_as_one_inline_code_span_reads_as_the_log():
+    """A log pasted between two single backticks (intel-extension-for-transformers#846's "`Special tokens ...",
+    "Killed`") keeps them on its first and last lines; every dev-split log reads the same that way."""
+    changed = []
+    for meta, lines, plain in _dev_verdicts():
+        if not lines:
+            continue
+        spanned = [f"`{lines[0]}", *lines[1:]]
+        spanned[-1] += "`"
+        through = classify(spanned, exit_code=meta.get("exit_code"), engine=guess_engine(spanned)).cause
         if through is not plain:
             changed.append(f"{meta['source']}: {plain.value} -> {through.value}")
     assert changed == []

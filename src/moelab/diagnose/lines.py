@@ -117,4 +117,20 @@ def strip_prefixes(line: str) -> tuple[str, str | None]:
                 tag = _RANK.search(label)  # a TP/DP rank says more than a worker's pid
                 rank = tag.group(0) if tag and "pid=" not in label else label
             line, changed = line[m.end():], True
-    return line.strip(), rank
+    return _unquote(line.strip()), rank
+
+
+def _unquote(line: str) -> str:
+    """A line of a log pasted as one inline code span keeps the span's backtick at its edge; the line
+    without it.
+
+    >>> _unquote("Killed`"), _unquote("`Special tokens have been added"), _unquote("`pip` failed")
+    ('Killed', 'Special tokens have been added', '`pip` failed')
+    """
+    if "`" not in line or line.count("`") % 2 == 0 or line.startswith("```") or line.endswith("```"):
+        return line
+    if line.startswith("`"):
+        return line[1:].lstrip()
+    if line.endswith("`"):
+        return line[:-1].rstrip()
+    return line

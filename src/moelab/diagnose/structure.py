@@ -679,6 +679,11 @@ def _symbols(answers: list[tuple[int, str]]) -> tuple[int, str, bool] | None:
     return None
 
 
+# a function word glued to digits (`to293`, `of1The`, `and5.1.The1a1`): a model's number tokens spliced into
+# its words, which no identifier spells (`a100`, `sm90`, `cuda12`, `fp16` are no function words)
+_GLUED = re.compile(r"(?<![\w.-])(?:the|The|of|to|and|that|with|out)\d+(?![\w.-]*[/=])|(?<=[a-z]\d)(?:The|the|of|and)\b")
+
+
 def broken_text(texts: list[str]) -> list[Finding]:
     lines = [(n, t) for n, t in enumerate(texts, 1) if t.strip()]
     if not lines or len(lines) > 60 or any(_ERRORLIKE.search(t) for _, t in lines):
@@ -695,6 +700,12 @@ def broken_text(texts: list[str]) -> list[Finding]:
     if short := _short_answer(answers):
         return [Finding(Cause.garbage_output, short[0], texts[short[0] - 1][:300], "structure", 0.55, strength=WEAK,
                         source=f"structure: the pasted answer is not language: {short[1]}")]
+    glued = [(n, m.group(0)) for n, t in lines for m in _GLUED.finditer(t)]
+    if len(glued) >= 2 and len(lines) <= 12:  # before the table filter: the digits are the salad
+        n = glued[0][0]
+        return [Finding(Cause.garbage_output, n, texts[n - 1][:300], "structure", 0.55, strength=WEAK,
+                        source="structure: the pasted answer is not language: words glued to digits no writer "
+                               f"glues ({', '.join(repr(g) for _, g in glued[:3])})")]
     toks = [(n, w) for n, t in lines for w in re.findall(r"[^\W_]+", t)]
     if len(toks) < 8 or any(w.lower() in ("nan", "inf") for _, w in toks):
         return []  # too little to judge, or numbers that are not numbers: a NaN reading, not broken text

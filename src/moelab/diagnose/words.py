@@ -119,7 +119,10 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                  (r"\bno (?:new )?tokens? (?:generated|produced)\b|\bno output for \d+", 2),
                  # a running engine's call to its workers that never came back
                  (r"\brpc\b.{0,40}\btimed? ?out\b|\btimed? ?out\b.{0,20}\bwaiting for (?:the )?(?:outputs?|responses?|results?|"
-                  r"repl(?:y|ies)|steps?)\b", 3)),
+                  r"repl(?:y|ies)|steps?)\b", 3),
+                 # a client that reached the server and waited in vain for its answer (a refused or unreachable
+                 # server says so at connect time, not on the read)
+                 (r"\bread timed out\b|\bReadTimeout(?:Error)?\b", 2)),
     Cause.numerical_nan: ((r"\bnan\b|\binf\b.*\bnan\b|non-finite|not finite", 3),),
     # "terminated" alone is no outside kill: gcc's "compilation terminated.", ollama's "runner process has terminated"
     Cause.killed_external: ((r"\bsigterm\b|\bsignal 15\b|\bevict\w*|\bpreempt\w*|\b(?:was|been|got|being) (?:terminated|killed)\b|"
@@ -165,6 +168,10 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                       r"\b(?:cannot|can't|may not) be (?:used|combined|specified) (?:together )?with\b|\bmutually exclusive\b|"
                       r"\bconflicting (?:options|arguments|flags)\b", 3),
                      (r"\bnot divisible\b", 3),
+                     # a value refused against the checkpoint's or another flag's: "Quantization method specified in
+                     # the model config (gptq) does not match the quantization method specified in the `quantization` argument"
+                     (r"\b(?:does not|doesn't|do not|did not) match\b.{0,100}\b(?:specified|given|passed|set) (?:in|by|with|to|on) "
+                      r"(?:the )?[`'\"]?-{0,2}[\w-]+[`'\"]? (?:argument|flag|option|parameter)\b", 3),
                      # argparse's own refusal: "vllm serve: error: argument --x: invalid loads value: '...'"
                      (r"^(?:[\w.-]+ ){0,2}?[\w.-]+: error: (?:argument -{1,2}\w|unrecognized arguments\b)|"
                       r"\binvalid \w+ value: [\'\"]", 4),
