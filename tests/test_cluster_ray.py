@@ -75,7 +75,11 @@ def test_ray_study_lands_in_one_store_and_refuses_an_oversize_trial_at_once(tmp_
         assert big["verdict"]["evidence"][0]["text"] == "needs 4 GPUs, the largest node has 2"
         assert big["finished"] - big["started"] < 5
     ran = [t for t in trials if t["status"] == "done"]
-    assert len(ran) == 3 and all(t["cause"] == "ok" and t["metrics"]["points"] for t in ran), s
+    # both tp-size=1 grid trials ran; the finals re-measure one or both, as their measured spread says
+    assert sorted(t["label"] for t in ran if t["stage"] == "grid") == [
+        "moe-runner-backend=grouped tp-size=1", "moe-runner-backend=reference tp-size=1"], s
+    assert 1 <= sum(t["stage"] == "final" for t in ran) <= 2
+    assert all(t["cause"] == "ok" and t["metrics"]["points"] for t in ran), s
     for t in ran:  # ran by moelab's supervisor on a node; one GPU given to the server (ray#50180)
         pl = t["telemetry"]["placement"]
         assert pl["executor"] == "ray" and pl["node_id"] and len(pl["gpus"]) == 1
