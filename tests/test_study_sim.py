@@ -21,10 +21,12 @@ MOE, FP4, ATTN = "--moe-runner-backend", "--fp4-gemm-backend", "--attention-back
 FRAC, GRAPH = "--mem-fraction-static", "--cuda-graph-max-bs"
 
 
-def run(tmp_path: Path, doc: dict, *extra: str, step_s: float = 0.02) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """The study `doc` over the simulator, its decode step `step_s` seconds at batch 0. Most of a
-    launch is moelab's probe (its prompts one at a time, about 200 tokens in all), so the step sets
-    the test's time; 20 ms still leaves a load of 8 concurrent requests far from client-bound."""
+def run(tmp_path: Path, doc: dict, *extra: str, step_s: float = 0.006,
+        batch_scale: float = 2.8) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    """The study `doc` over the simulator, its decode step `step_s` seconds at batch 0, growing by
+    `step_s / batch_scale` per running sequence. Most of a launch is moelab's probe (its prompts one
+    at a time, about 200 tokens in all), so the lone request's step sets the test's time; a step of
+    about 23 ms at batch 8 leaves a load of 8 concurrent requests far from client-bound."""
     base = {"name": "sim", "engine": "command", "command": [sys.executable, str(SIM), "--port", "{port}"],
             "workload": {"concurrency": [8], "input_len": 16, "output_len": 6, "num_prompts": 8},
             "launch": {"timeout_s": 60}, "staged": {"finalists": 1, "repeats": 2, "final_launches": 1}}
@@ -32,7 +34,7 @@ def run(tmp_path: Path, doc: dict, *extra: str, step_s: float = 0.02) -> tuple[s
     path = tmp_path / "sim.yaml"
     path.write_text(yaml.safe_dump(base, sort_keys=False))
     store = tmp_path / "sim.db"
-    env = {**os.environ, "MOELAB_SIM_STEP_S": str(step_s)}
+    env = {**os.environ, "MOELAB_SIM_STEP_S": str(step_s), "MOELAB_SIM_BATCH_SCALE": str(batch_scale)}
     r = subprocess.run([sys.executable, "-m", "moelab.cli", "study", str(path), "--store", str(store), "--json",
                         *extra], capture_output=True, text=True, timeout=900, env=env)
     trials = []
@@ -93,7 +95,8 @@ def test_a_knob_that_matters_only_under_load_is_tuned_and_said_so(tmp_path):
         "axes": {MOE: ["flashinfer_cutlass"], GRAPH: {"low": 64, "high": 512, "step": 64}},
         "reference": None, "staged": {"tune_trials": 3, "finalists": 1, "repeats": 2, "final_launches": 1},
         "workload": {"concurrency": [8, 96], "input_len": 16, "output_len": 16, "rounds": 2}},
-        step_s=0.05)  # 50 ms: a 2-core machine's client streams 96 requests' tokens without being the bound
+        step_s=0.01, batch_scale=7)  # 150 ms at batch 96: a 2-core machine's client streams 96 requests'
+    # tokens without being the bound; 22 ms at batch 8, 10 ms for the probe's lone requests
     assert r.returncode == 0, r.stderr[-3000:]
     s = json.loads(r.stdout)
     (tu,) = s["tuning"]

@@ -59,9 +59,13 @@ GATE = {("moe", "flashinfer_trtllm"): "ValueError: Current platform does not sup
         ("attn", "trtllm_mha"): "ValueError: TRTLLM MHA backend is only supported on Blackwell GPUs (SM100)."}
 WEIGHTS, GRAPH_PER_BS, KV_SEQS_PER_UNIT = 0.30, 0.06 / 512, 420  # fractions of the GPU; sequences per unit of KV
 # Seconds per decode step at batch 0 (MOELAB_SIM_STEP_S): slow enough that a 2-core machine's load
-# client streams every token of 192 concurrent requests without becoming the bottleneck.
+# client streams every token of 192 concurrent requests without becoming the bottleneck. A step
+# grows by STEP_S / BATCH_SCALE per running sequence (MOELAB_SIM_BATCH_SCALE): a smaller scale with a
+# smaller STEP_S keeps a loaded step as long while a lone request (moelab's probe asks its prompts
+# one at a time) runs faster, which is how the tests keep their launches short.
 STEP_S = float(os.environ.get("MOELAB_SIM_STEP_S", "0.075"))
-BATCH_SCALE, EAGER = 48, 1.35
+BATCH_SCALE = float(os.environ.get("MOELAB_SIM_BATCH_SCALE", "48"))
+EAGER = 1.35
 CRASH_BATCH = 48
 # defaults at which, at 192 concurrent requests, both numeric knobs bind: the decode batch outgrows
 # the CUDA graphs (eager steps), and a larger graph size needs a larger memory fraction

@@ -50,6 +50,21 @@ class ExpertWeights(ABC):
                 setattr(out, k, v[first:first + count].clone())  # its own storage: the rest can be freed
         return out
 
+    def take(self, experts: list[int]) -> "ExpertWeights":
+        """The experts `experts` only, in that order (gathered, not cloned further): what a runner
+        that loops over the routed experts dequantizes, instead of the whole layer."""
+        import torch
+
+        E = self.shape[0]
+        out = copy.copy(self)
+        idx = None
+        for k, v in vars(self).items():
+            if hasattr(v, "shape") and v.dim() and v.shape[0] == E:
+                if idx is None:
+                    idx = torch.tensor(experts, dtype=torch.long, device=v.device)
+                setattr(out, k, v.index_select(0, idx))
+        return out
+
     @abstractmethod
     def slice_intermediate(self, start: int, stop: int) -> "ExpertWeights":
         """Every expert's intermediate rows [start, stop) only (tensor parallelism): the gate and up

@@ -1,7 +1,7 @@
 """The reference MoE runner: plain PyTorch, float32 accumulation. It is the spec.
 
 Every other backend is checked against this one. It loops over the experts that received
-tokens, which is slow but obviously right.
+tokens, which is slow but obviously right; only those experts are dequantized.
 """
 from __future__ import annotations
 
@@ -19,14 +19,15 @@ class ReferenceRunner(MoERunner):
 
     def __call__(self, x, topk_weights, topk_ids, w: ExpertWeights):
         T, H = x.shape
-        w13, w2 = w.dequantize(torch.float32)  # [E, 2I, H], [E, H, I]
+        routed = torch.unique(topk_ids).tolist()
+        w13, w2 = w.take(routed).dequantize(torch.float32)  # [E', 2I, H], [E', H, I]: the routed experts
         I = w2.shape[2]
         xf = x.float()
         out = torch.zeros(T, H, dtype=torch.float32, device=x.device)  # [T, H]
-        for e in torch.unique(topk_ids).tolist():
+        for i, e in enumerate(routed):
             tok, slot = (topk_ids == e).nonzero(as_tuple=True)  # token index, k index
-            h = xf[tok] @ w13[e].t()  # [n, 2I]
+            h = xf[tok] @ w13[i].t()  # [n, 2I]
             a = F.silu(h[:, :I]) * h[:, I:]  # [n, I]
-            y = a @ w2[e].t()  # [n, H]
+            y = a @ w2[i].t()  # [n, H]
             out.index_add_(0, tok, y * topk_weights[tok, slot].float().unsqueeze(1))
         return out.to(x.dtype)
