@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -190,10 +191,16 @@ def test_flashinfer_trtllm_gen_moe_config_is_sm100_family_only():
 @pytest.mark.process
 @needs_sglang
 def test_audit_text_output(cache, sglang):
+    # the module's audit (the `sglang` fixture) is cached in `cache` and no file of it has changed:
+    # this one is that audit, said so, in about a second instead of half a minute
+    t0 = time.monotonic()
     out = moelab("audit", "--python", str(SGLANG_PY), cache=cache)
+    took = time.monotonic() - t0
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0] == f"audit     sglang 0.5.23 read with {SGLANG_PY}"
+    reused = next(ln for ln in lines if ln.startswith("reused "))
+    assert f"read at {sglang.read_at}" in reused and "--fresh" in reused and took < 15, (reused, took)
     hpc = next(i for i, ln in enumerate(lines) if ln.split()[:1] == ["hpc_ops"])
     assert lines[hpc].split()[1:] == ["x", "x", "ok", "x", "x", "x", "x"]
     assert "moe_runner/runner.py:" in lines[hpc + 1] and "requires an SM90" in lines[hpc + 1]
@@ -310,6 +317,29 @@ def test_check_launches_win_over_the_curated_matrix(cache, sglang, tmp_path):
 
 
 @pytest.mark.process
+def test_an_audit_is_read_again_when_a_file_of_its_source_changes(tmp_path):
+    from moelab.audit.run import fingerprint
+    from moelab.audit.source import Package
+
+    root = tmp_path / "site" / "eng"
+    (root / "layers").mkdir(parents=True)
+    (root / "__init__.py").write_text("")
+    gate = root / "layers" / "moe.py"
+    gate.write_text("def f(major):\n    if major != 9:\n        raise ValueError('needs SM90')\n")
+    pkgs = [Package(name="eng", path=root, dist="eng", version="1.0")]
+    first = fingerprint("/usr/bin/python3", pkgs)
+    assert fingerprint("/usr/bin/python3", pkgs) == first  # nothing changed: the cached audit stands
+    assert fingerprint("/opt/other/bin/python", pkgs) != first  # another interpreter's install
+    gate.write_text(gate.read_text().replace("!= 9", "<= 8"))  # same size, a new mtime and text
+    os.utime(gate, ns=(gate.stat().st_atime_ns, gate.stat().st_mtime_ns + 1_000_000))
+    second = fingerprint("/usr/bin/python3", pkgs)
+    assert second != first
+    (root / "layers" / "new_backend.py").write_text("X = 1\n")  # a new file
+    assert fingerprint("/usr/bin/python3", pkgs) != second
+    upgraded = [Package(name="eng", path=root, dist="eng", version="1.1")]
+    assert fingerprint("/usr/bin/python3", upgraded) != fingerprint("/usr/bin/python3", pkgs)
+
+
 def test_check_without_an_audit_says_how_to_get_one(tmp_path):
     out = moelab("check", *SM120, "--store", str(tmp_path / "none.db"), "--json", "--", *SG,
                  "--moe-runner-backend", "flashinfer_cutlass", cache=tmp_path)

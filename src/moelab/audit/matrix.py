@@ -91,6 +91,11 @@ class Audit(BaseModel):
     drift: list[Drift] = Field(default_factory=list)
     files_parsed: int = 0
     seconds: float = 0.0
+    # what was read (moelab's audit code and profiles, each package's .py files: path, size,
+    # mtime): an audit of unchanged source is the cached one, said as such (`reused_from`)
+    fingerprint: str | None = None
+    read_at: str | None = None
+    reused_from: str | None = None  # the cache file, when this audit was not read again
 
     def row(self, flag: str, value: str) -> Row | None:
         return next((r for r in self.rows if r.flag == flag and r.value == value), None)

@@ -27,6 +27,8 @@ def lines(a: Audit) -> list[str]:
            f"choices   {a.choices_from}",
            f"read      {a.files_parsed:,} files in {a.seconds:.1f} s; {len(a.findings)} gates for "
            f"{len(gated)} of {len(a.rows)} backend choices",
+           *([f"reused    the audit read at {a.read_at or '?'}: no file of it has changed since "
+              f"({a.reused_from}); --fresh reads the source again"] if a.reused_from else []),
            f"          {LEGEND}", ""]
     for flag in dict.fromkeys(r.flag for r in a.rows):
         frows = [r for r in a.rows if r.flag == flag]

@@ -43,7 +43,35 @@ def cached(engine: str, version: str | None) -> Audit | None:
         return None  # an audit written by another moelab version: audit again
 
 
-def run_audit(engine: str, python: str | None = None) -> Audit:
+def fingerprint(python: str, packages) -> str:
+    """What an audit read, cheaply: moelab's audit code, source profiles, bundled flag catalogues
+    and support matrix (the drift is against it), and every .py file of the packages located for
+    `python` (relative path, size, mtime). Stat only, nothing parsed."""
+    import hashlib
+
+    from moelab.audit.profile import SOURCES
+
+    engines = SOURCES.parent
+    h = hashlib.sha256(python.encode())
+    ours = [*Path(__file__).parent.glob("*.py"), *SOURCES.glob("*.yaml"), *(engines / "catalogues").glob("*.json"),
+            engines / "support_matrix.yaml"]
+    for p in sorted(ours):
+        h.update(p.name.encode() + b"\0" + p.read_bytes())
+    for pkg in sorted(packages, key=lambda p: p.name):
+        h.update(f"\0{pkg.name}\0{pkg.dist}\0{pkg.version}\0{pkg.path}".encode())
+        root = Path(pkg.path)
+        for f in sorted(root.rglob("*.py")):
+            try:
+                st = f.stat()
+            except OSError:
+                continue
+            h.update(f"\0{f.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}".encode())
+    return h.hexdigest()[:32]
+
+
+def run_audit(engine: str, python: str | None = None, fresh: bool = False) -> Audit:
+    """The audit of `engine` as installed for `python`: read from its source, or the cached audit
+    when that source, moelab's audit code and its profiles are unchanged since (unless `fresh`)."""
     from moelab.engines import ENGINES
 
     t0 = time.perf_counter()
@@ -65,6 +93,11 @@ def run_audit(engine: str, python: str | None = None) -> Audit:
     if main not in found:
         raise AuditError(f"{python} has no {main} package installed")
     version = found[main].version
+    fp = fingerprint(python, found.values())
+    before = None if fresh else cached(engine, version)
+    if before is not None and before.fingerprint == fp:
+        before.reused_from = str(cache_path(engine, version))
+        return before
     index = SourceIndex({name: p.path for name, p in found.items()})
     flags, others, choices_from = _flags(adapter, profiles[0], version, index)
     scan = profiles[0].scan or profiles[0].packages
@@ -78,7 +111,8 @@ def run_audit(engine: str, python: str | None = None) -> Audit:
                             for p in found.values()],
                   missing=[p for pr in profiles for p in pr.packages if p not in found],
                   rows=audit_rows, findings=findings, drift=drift(engine, audit_rows, findings),
-                  files_parsed=index.parsed)
+                  files_parsed=index.parsed, fingerprint=fp,
+                  read_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
     audit.seconds = round(time.perf_counter() - t0, 2)
     path = cache_path(engine, version)
     path.parent.mkdir(parents=True, exist_ok=True)

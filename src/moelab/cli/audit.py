@@ -3,7 +3,9 @@
 Reads the installed engine's Python source and the libraries it dispatches to (never importing
 them) and prints, for every choice of its backend flags, which GPU architectures the source
 allows or refuses, with the file:line that decides, and where that contradicts the bundled
-support matrix. The result is cached per engine version for `moelab check`.
+support matrix. The result is cached per engine version for `moelab check`; an audit of source
+that has not changed since (no .py file of its packages, nor moelab's audit code) is that cached
+one, said so (`--fresh` reads again).
 """
 from __future__ import annotations
 
@@ -18,6 +20,8 @@ def audit(
     python: str = typer.Option(None, "--python", help="Read the source installed for this interpreter, "
                                                       "e.g. /tmp/moelab-vllm-venv/bin/python."),
     json_out: bool = typer.Option(False, "--json", help="Print one JSON document."),
+    fresh: bool = typer.Option(False, "--fresh", help="Read the source again even where nothing of it has "
+                                                       "changed since the cached audit."),
 ) -> None:
     """Which GPU archs the installed engine's own source lets each backend run on, and why."""
     from moelab.audit.render import lines
@@ -28,7 +32,7 @@ def audit(
             "installs SGLang's and FlashInfer's source into /tmp/moelab-engine-src), or --engine")
     try:
         engine = engine or _installed(python)
-        result = run_audit(engine, python)
+        result = run_audit(engine, python, fresh=fresh)
     except AuditError as e:
         fail(str(e), hint, json_out=json_out)
     if json_out:
