@@ -207,7 +207,9 @@ def _dev_case(case: str):
 BROKEN = {"levanter-1259": "said again within six words", "llama.cpp-17106": "are no word",
           "mlx-lm-844": "closed by the wrong kind", "gpt-fast-179": "5 times in a row",
           "mistral.rs-956": "letters no language writes",  # with the server's own lines around the answer
-          "lmstudio-bug-tracker-1276": "word salad", "ollama-3695": "hold no letter"}
+          "lmstudio-bug-tracker-1276": "word salad", "ollama-3695": "hold no letter",
+          "llama-cpp-turboquant-207": "numbers, no writer writes",  # `1,00080278`, `21446.21466-15-05.19398035`
+          "exo-1953": "glued to digits"}
 
 
 @pytest.mark.parametrize("case,why", BROKEN.items(), ids=list(BROKEN))
@@ -217,6 +219,28 @@ def test_a_pasted_answer_that_is_not_language_is_garbage_output(case, why):
     ev = v.evidence[0]
     assert why in ev.source and ev.text[:40] in lines[ev.line - 1]
     assert v.detail["weak"], "read from the text's shape: a supervisor must not take it for a live server's root error"
+
+
+def test_a_command_typed_at_a_prompt_is_not_the_start_of_a_wrapped_line():
+    """vllm#27228 pastes its `$ vllm bench latency ...` line, then C++'s terminate: the command ends where its
+    user pressed Enter. std::bad_alloc reads as host memory (four threads of the dev split say so), and the
+    second reading is the crash this thread confirms, a vLLM build for another torch."""
+    lines, v = _dev_case("vllm-27228")
+    assert v.evidence[0].text == lines[1] and v.evidence[0].text.startswith("terminate called after throwing")
+    assert v.cause is Cause.host_oom and Cause.native_crash in [a.cause for a in v.alternatives]
+
+
+def test_cuda_out_of_memory_without_a_devices_figures_may_be_pinned_host_memory():
+    """llama.cpp#1230: `CUDA error 2 ... out of memory` was cudaMallocHost failing under WSL's limit on
+    page-locked memory (fixed by falling back to pageable memory). The log cannot tell it from the device's
+    memory: gpu_oom, with host_oom second and how to tell them apart. PyTorch's message, which gives the
+    device's figures, has no such second reading."""
+    _, v = _dev_case("llama.cpp-1230")
+    assert v.cause is Cause.gpu_oom and Cause.host_oom in [a.cause for a in v.alternatives]
+    assert "cudaMallocHost" in v.advice
+    v = classify(["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                  "capacity of 79.19 GiB of which 1.02 GiB is free."])
+    assert v.cause is Cause.gpu_oom and Cause.host_oom not in [a.cause for a in v.alternatives]
 
 
 def test_broken_text_reads_only_answers():

@@ -208,6 +208,10 @@ def unquote(lines: list[str]) -> list[str]:
     return [t.removeprefix(">").removeprefix(" ") if t.strip() else t for t in lines]
 
 
+# A command typed at a shell prompt: `$ vllm serve ...`, `(venv) user@host:~/dir$ ./main ...`, `# ./run.sh`.
+_SHELL_COMMAND = re.compile(r"^\s*(?:\(\S+\)\s*)?(?:[\w.-]+@[\w.-]+(?::\S*)?\s*)?[$#%]\s+\S")
+
+
 def unwrap(lines: list[str]) -> list[str]:
     """A log hard-wrapped at a terminal's width, lines joined again: when the longest lines all have one
     length (at least 60, at least twice, or once in a paste of up to four lines), each of them continues
@@ -217,6 +221,9 @@ def unwrap(lines: list[str]) -> list[str]:
     >>> log = ["loading " + "." * 47 + "RuntimeError: CUDA out of", " memory", "=" * 80, "done"]
     >>> unwrap(log)[:2]
     ['loading ...............................................RuntimeError: CUDA out of memory', '']
+    >>> unwrap(["$ vllm bench latency --input-len 256 --output-len 256 --model Qwen3/Qwen3-8B --batch-size 1",
+    ...         "terminate called after throwing an instance of 'std::bad_alloc'"])[1]
+    "terminate called after throwing an instance of 'std::bad_alloc'"
     """
     lens = [len(t.rstrip("\r\n")) for t in lines]
     width = max(lens, default=0)
@@ -226,8 +233,9 @@ def unwrap(lines: list[str]) -> list[str]:
     if once:  # ... then the break falls inside a sentence: what follows is no new capitalised statement
         k = lens.index(width)
         if k == len(lines) - 1 or not re.match(r"[a-z\s(,;:/._-]", lines[k + 1][:1] or "A") \
-                or re.match(r"[\w./-]+: \S", lines[k + 1]):  # "zsh: segmentation fault", "prog: error: ...": a record
-            return list(lines)
+                or re.match(r"[\w./-]+: \S", lines[k + 1]) \
+                or _SHELL_COMMAND.match(lines[k]):  # "zsh: segmentation fault", "prog: error: ...": a record;
+            return list(lines)  # a command typed at a prompt ends where its user pressed Enter
     out, i = list(lines), 0
     while i < len(out) - 1:
         j = i
@@ -417,6 +425,14 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
             alts[Cause.hang] = 0.35
             extra_advice = ("Someone pressed Ctrl-C (KeyboardInterrupt). If it was stuck, the traceback above shows where "
                             "it waited; rerun and take `py-spy dump --pid PID` while it hangs.")
+    if decided is not None and decided.cause is Cause.gpu_oom and _BARE_CUDA_OOM.search(decided.text) \
+            and not any(_DEVICE_FIGURES.search(t) for t in texts):
+        # the CUDA runtime's error 2 is also what a failed pinned host allocation (cudaMallocHost)
+        # returns: without a device's figures the log cannot say which memory it was
+        alts[Cause.host_oom] = max(alts.get(Cause.host_oom, 0), 0.3)
+        extra_advice = ("CUDA's bare `out of memory` (error 2, cudaErrorMemoryAllocation) is also a failed pinned "
+                        "host allocation (cudaMallocHost: WSL and containers limit page-locked memory): if the "
+                        "failing call allocates host memory, it is host RAM; `nvidia-smi` while it loads tells.")
     for f in [*strong, *weak, *wrappers]:
         if f.cause is not Cause.unknown and (decided is None or f.cause is not decided.cause):
             alts[f.cause] = max(alts.get(f.cause, 0), round(f.confidence * 0.6, 2))
@@ -427,6 +443,13 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
     return _verdict(decided, lines, texts, ranks, exit_code, sig, oom, oom_found, phase_hint, rules, wrappers,
                     alts, extra_advice)
 
+
+# CUDA's out-of-memory status without a word of the device (`CUDA error 2 at ggml-cuda.cu:359: out of memory`),
+# and the figures that place an allocation on a device (PyTorch's "Tried to allocate", a capacity, a free count)
+_BARE_CUDA_OOM = re.compile(r"CUDA error:? 2\b|CUDA error \d+ at \S+: out of memory|cudaErrorMemoryAllocation|"
+                            r"CUDA error: out of memory")
+_DEVICE_FIGURES = re.compile(r"Tried to allocate|total capacity|GPU \d+ has|device memory|VRAM|free memory on device|"
+                             r"cudaMalloc(?!Host)|CUDA\d* buffer|KV cache|kv_cache", re.I)
 
 # calls that block until something else happens: a Ctrl-C that lands in one found the process waiting
 _WAIT_FUNCS = {"select", "poll", "epoll", "wait", "_wait", "_try_wait", "wait_for", "_wait_for_tstate_lock", "communicate",

@@ -684,6 +684,12 @@ def _symbols(answers: list[tuple[int, str]]) -> tuple[int, str, bool] | None:
 _GLUED = re.compile(r"(?<![\w.-])(?:the|The|of|to|and|that|with|out)\d+(?![\w.-]*[/=])|(?<=[a-z]\d)(?:The|the|of|and)\b")
 
 
+# numerals no writer writes, a model's digit tokens run together: a thousands group of more than three
+# digits (`1,00080278`), decimals and dashes chained into one long number (`21446.21466-15-05.19398035`)
+_MANGLED = re.compile(r"(?<![\w.,-])\d{1,3},\d{4,}(?!\w|[.,-]\d)|"
+                      r"(?<![\w.-])(?=[\d.-]{16,}(?![\w.-]))\d+\.\d+(?:-\d+)+\.\d+(?![\w.-])")
+
+
 def broken_text(texts: list[str]) -> list[Finding]:
     lines = [(n, t) for n, t in enumerate(texts, 1) if t.strip()]
     if not lines or len(lines) > 60 or any(_ERRORLIKE.search(t) for _, t in lines):
@@ -700,12 +706,12 @@ def broken_text(texts: list[str]) -> list[Finding]:
     if short := _short_answer(answers):
         return [Finding(Cause.garbage_output, short[0], texts[short[0] - 1][:300], "structure", 0.55, strength=WEAK,
                         source=f"structure: the pasted answer is not language: {short[1]}")]
-    glued = [(n, m.group(0)) for n, t in lines for m in _GLUED.finditer(t)]
+    glued = [(n, m.group(0)) for n, t in lines for pat in (_GLUED, _MANGLED) for m in pat.finditer(t)]
     if len(glued) >= 2 and len(lines) <= 12:  # before the table filter: the digits are the salad
         n = glued[0][0]
         return [Finding(Cause.garbage_output, n, texts[n - 1][:300], "structure", 0.55, strength=WEAK,
-                        source="structure: the pasted answer is not language: words glued to digits no writer "
-                               f"glues ({', '.join(repr(g) for _, g in glued[:3])})")]
+                        source="structure: the pasted answer is not language: words glued to digits, or "
+                               f"numbers, no writer writes ({', '.join(repr(g) for _, g in glued[:3])})")]
     toks = [(n, w) for n, t in lines for w in re.findall(r"[^\W_]+", t)]
     if len(toks) < 8 or any(w.lower() in ("nan", "inf") for _, w in toks):
         return []  # too little to judge, or numbers that are not numbers: a NaN reading, not broken text
