@@ -35,7 +35,7 @@ def answer(prompt: str, n: int, salt: str) -> list[str]:
 
 class Handler(OpenAIHandler):
     protocol_version = "HTTP/1.0"  # close after each answer: the stream ends with the connection
-    salt, step_s, gate = "ok", 0.004, threading.Semaphore(4)
+    salt, step_s, gate = "ok", 0.0025, threading.Semaphore(4)
 
     def do_POST(self):
         req = self._body()
@@ -82,7 +82,7 @@ def main() -> None:
         print("RuntimeError: CUDA error: an illegal memory access was encountered", flush=True)
         sys.exit(1)
     Handler.salt = "bad" if kind == "garbage" else "ok"
-    Handler.step_s = (0.002 if a.backend == "fast" else 0.004) * (1 + a.batch / 32)
+    Handler.step_s = (0.001 if a.backend == "fast" else 0.0025) * (1 + a.batch / 32)
     Handler.gate = threading.Semaphore(a.batch)
     Handler.model_id = a.model
     serve(Handler, a.port, f"Uvicorn running on http://127.0.0.1:{a.port}")
