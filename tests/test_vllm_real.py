@@ -68,34 +68,8 @@ def _get(url: str, timeout=2.0) -> int:
         return 0
 
 
-def test_launch_probe_and_short_bench(model, tmp_path):
-    port = _free_port()
-    p = subprocess.Popen([*MOELAB, "launch", "--engine", "vllm", "--json", "--keep-running", "--port", str(port),
-                          "--timeout", "180", "--out", str(tmp_path / "run"), "--", model, *FLAGS],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
-    try:
-        deadline = time.monotonic() + 200
-        while _get(f"http://127.0.0.1:{port}/v1/models") != 200:
-            assert p.poll() is None, p.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "vLLM did not come up"
-            time.sleep(0.5)
-        rc, out, err = moelab("bench", "--url", f"http://127.0.0.1:{port}", "--concurrency", "1,4",
-                              "--num-prompts", "8", "--input-len", "16", "--output-len", "16", "--json", timeout=180)
-        points = json.loads(out)["points"]  # exit 1 only means a point was marked invalid (2 busy cores)
-        for pt in points:
-            m = pt["metrics"]
-            assert (m["completed"], m["failed"]) == (8, 0), m["errors"]
-            assert m["output_throughput"] > 0 and m["ttft_ms"]["p50"] > 0
-            assert pt["valid"] or pt["invalid_reasons"], pt
-        assert rc == (0 if all(pt["valid"] for pt in points) else 1), err[-1000:]
-    finally:
-        p.send_signal(signal.SIGINT)  # moelab tears the whole tree down
-        out, err = p.communicate(timeout=90)
-    d = json.loads(out)
-    assert d["cause"] == "ok", d
-    assert d["timings"]["ready_s"] < 180 and d["telemetry"]["peak_rss_bytes"] > 500 * 2**20
-    assert d["detail"]["teardown"]["survivors"] == [] and d["detail"]["teardown"]["port_free"]
-    assert _get(f"http://127.0.0.1:{port}/health", 1) == 0
+# A launch that comes up, a bench against it and the teardown of its tree: test_vllm_measure.py (one vLLM
+# start for that and what ran).
 
 
 def test_bad_flag_value_caught_before_launch_then_by_vllm(model, tmp_path):
