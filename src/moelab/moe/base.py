@@ -40,30 +40,27 @@ class ExpertWeights(ABC):
     def nbytes(self) -> int:
         """Bytes of all expert tensors (values and scales) as stored."""
 
-    def select(self, first: int, count: int) -> "ExpertWeights":
-        """Experts [first, first + count) only (expert parallelism): every per-expert tensor of
-        every format has the expert index as its leading dimension."""
+    def _per_expert(self, part) -> "ExpertWeights":
+        """A copy whose per-expert tensors are `part(tensor)`: every per-expert tensor of every
+        format has the expert index as its leading dimension."""
         E = self.shape[0]
         out = copy.copy(self)
         for k, v in vars(self).items():
             if hasattr(v, "shape") and v.dim() and v.shape[0] == E:
-                setattr(out, k, v[first:first + count].clone())  # its own storage: the rest can be freed
+                setattr(out, k, part(v))
         return out
+
+    def select(self, first: int, count: int) -> "ExpertWeights":
+        """Experts [first, first + count) only (expert parallelism), each tensor in its own storage
+        so that the rest can be freed."""
+        return self._per_expert(lambda v: v[first:first + count].clone())
 
     def take(self, experts: list[int]) -> "ExpertWeights":
-        """The experts `experts` only, in that order (gathered, not cloned further): what a runner
-        that loops over the routed experts dequantizes, instead of the whole layer."""
+        """The experts `experts` only, in that order (gathered): what a runner that loops over the
+        routed experts dequantizes, instead of the whole layer."""
         import torch
 
-        E = self.shape[0]
-        out = copy.copy(self)
-        idx = None
-        for k, v in vars(self).items():
-            if hasattr(v, "shape") and v.dim() and v.shape[0] == E:
-                if idx is None:
-                    idx = torch.tensor(experts, dtype=torch.long, device=v.device)
-                setattr(out, k, v.index_select(0, idx))
-        return out
+        return self._per_expert(lambda v: v.index_select(0, torch.tensor(experts, dtype=torch.long, device=v.device)))
 
     @abstractmethod
     def slice_intermediate(self, start: int, stop: int) -> "ExpertWeights":
