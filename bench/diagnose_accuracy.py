@@ -6,7 +6,7 @@
     python3 bench/diagnose_accuracy.py --json
     python3 bench/diagnose_accuracy.py --no-rules      # the general layers alone: every signature rule taken away
 
-The corpus is tests/data/real-logs/ (469 cases from public issue threads, labelled from the thread's
+The corpus is tests/data/real-logs/ (real cases from public issue threads, labelled from the thread's
 confirmed cause); split.json set the check split aside before any rule was written against the
 corpus, and misses are only ever listed for the dev split. Each log is classified the way
 `moelab diagnose LOG` would: the engine guessed from the log, the exit status only where the

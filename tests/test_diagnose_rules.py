@@ -180,6 +180,17 @@ def test_rule_on_a_real_log(rule_id, case):
     assert (v.cause.value, v.detail["rule"]) == (meta["expected_cause"], rule_id)
 
 
+# a rule family met again in another wording: each alternative from the dev case it was written from
+ALSO = {"verl-224": "ray-memory-monitor",  # Ray's "Top 10 memory users" table, pasted alone
+        "llama.cpp-10378": "invalid-combination",  # one option that needs another, before the load error it led to
+        "ollama-14026": "argparse-error"}  # an environment variable refused (a warning, then the default used)
+
+
+@pytest.mark.parametrize("case,rule_id", ALSO.items(), ids=list(ALSO))
+def test_a_rule_alternative_on_a_real_log(case, rule_id):
+    test_rule_on_a_real_log(rule_id, case)
+
+
 def test_every_rule_has_a_case():
     ids = {r.id for r in load_rules("embedded")}
     assert ids - {c[0] for c in CASES} - set(REAL) == set()
@@ -307,7 +318,13 @@ STRUCTURE = {"AMD-SHARK-Studio-965": ("port_in_use", "address-in-use"),  # a cha
              # no progress: requests queue and none is scheduled; one request's context shifted again and again
              "vllm-8378": ("hang", "nothing is scheduled"),
              "ollama-2805": ("hang", "context shifted"),
-             "xoscar-97": ("orphan_leak", "process listing")}  # ps after terminate-model: the model's workers
+             "xoscar-97": ("orphan_leak", "process listing"),
+             # a bare AssertionError under the assert it failed: a size of the model by the parallel size
+             "vllm-1581": ("bad_args", "divides by the parallel size"),
+             # a scheduler's CANCELLED with the cgroup's OOM kill count beside it: the OOM ended the job
+             "3DRS-7": ("host_oom", "OOM-killer"),
+             # letters and digits run together in most tokens of the answer, the command typed above it aside
+             "xinfer-250": ("garbage_output", "are no word")}  # ps after terminate-model: the model's workers
 
 
 @pytest.mark.parametrize("case,want", STRUCTURE.items(), ids=list(STRUCTURE))

@@ -234,8 +234,9 @@ def unwrap(lines: list[str]) -> list[str]:
         k = lens.index(width)
         if k == len(lines) - 1 or not re.match(r"[a-z\s(,;:/._-]", lines[k + 1][:1] or "A") \
                 or re.match(r"[\w./-]+: \S", lines[k + 1]) \
-                or _SHELL_COMMAND.match(lines[k]):  # "zsh: segmentation fault", "prog: error: ...": a record;
-            return list(lines)  # a command typed at a prompt ends where its user pressed Enter
+                or _SHELL_COMMAND.match(lines[k]) \
+                or re.search(r'", line \d+, in \S+$', lines[k].rstrip()):  # "zsh: segmentation fault", "prog: error: ...": a record;
+            return list(lines)  # a command typed at a prompt ends where its user pressed Enter, a frame at its function
     out, i = list(lines), 0
     while i < len(out) - 1:
         j = i
@@ -326,9 +327,12 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
     decided: Finding | None = None
     alts: dict[Cause, float] = {}
     extra_advice = ""
-    killed_any = killed9 or any(w.cause is Cause.killed_external for w in wrappers)  # a rule that names a kill
-    if killed_any and oom_found and (oom is not None and oom.found or not known
-                                  or min(f.line for f in known) >= min([f.line for f in ooms] or [10**9])):
+    # a rule that names a kill, or a stop from outside (a scheduler's CANCELLED, a SIGTERM): with OOM
+    # evidence in the same log the stop was how the memory ran out ("Detected 1 oom_kill event")
+    killed_any = killed9 or any(w.cause is Cause.killed_external for w in wrappers) or bool(externals)
+    errors = [f for f in known if f.kind != "kill"]
+    if killed_any and oom_found and (oom is not None and oom.found or not errors
+                                  or min(f.line for f in errors) >= min([f.line for f in ooms] or [10**9])):
         # the OOM killer (the cgroup's count, the kernel's line) decides, even over an earlier error line
         src = next((f for f in roots + ooms if f.cause is Cause.host_oom), None) or \
             next((f for f in wrappers + sigkills if f.cause is Cause.killed_external), None)  # the line naming the kill

@@ -161,6 +161,16 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
                                source=f"structure: {etype} raised reading {what}: its value is not what the program "
                                       "takes", extra={"type": etype, "message": msg}))
             continue
+        if etype == "AssertionError" and _DIVIDES.search(src):
+            # `assert self.total_num_kv_heads % tp_size == 0`: a size of the model does not divide by
+            # the parallelism asked for; the flag is refused, however bare the AssertionError
+            out.append(Finding(cause=Cause.bad_args, line=n, text=(src.strip() + " -> " + text)[:500], layer="structure",
+                               rank=rank, confidence=0.75,
+                               source="structure: an assert that a size of the model divides by the parallel size "
+                                      "failed: that parallel size does not fit this model", extra={"type": etype,
+                                                                                                  "message": msg}))
+            frames.pop(rank, None)
+            continue
         if _CHILD_KILLED.search(msg):
             continue  # a launcher's error that its child was killed: the kill (and its reason) is the evidence
         path = next((p for p in reversed(stack) if not p.endswith(("/subprocess.py", "/threading.py"))), None)
@@ -182,6 +192,10 @@ _CARETS = re.compile(r"[~^]+")  # Python 3.11's marks under the failing expressi
 # a key of a loaded configuration (`contextsize_text.index(str(dict["contextsize"]))`)
 _SETTING_READ = re.compile(r"\b(?:(?P<env>os\.(?:getenv|environ(?:\.get)?))|(?:config|cfg|conf|settings|dict|options|opts))"
                            r"\s*[(\[]\s*['\"](?P<var>\w+)['\"]")
+# an assert that a size divides by a parallel size (`assert n_heads % tp_size == 0`,
+# `% get_tensor_model_parallel_world_size() == 0`): the divisor's name holds a parallelism word
+_DIVIDES = re.compile(r"^\s*assert\b.*%\s*\(?\s*[\w.]*?(?<![a-z])(?:tp|ep|pp|dp|tensor|parallel|world|gpus|shards?)(?![a-z])[\w.]*"
+                      r"(?:\(\))?\s*\)?\s*==\s*0")
 # a launcher's exception whose message says its child died of SIGKILL / SIGTERM
 _CHILD_KILLED = re.compile(r"died with <Signals\.SIG(?:KILL|TERM): (?:9|15)>|non-zero exit status -(?:9|15)\b")
 
@@ -570,6 +584,7 @@ _STOP = set("a an the of to in on at by for and or but is are was were be been b
 _OPEN, _CLOSE = "([{", ")]}"
 # the user's turn in a pasted chat transcript (ollama and llama.cpp's `>>>`/`>` prompts, "User:")
 _PROMPT = re.compile(r"^\s*(?:>>>|>|User:|USER:|### (?:Human|User):)\s*")
+_TYPED = re.compile(r"^\s*\$\s+\S")  # a command typed at a shell prompt (`$ aichat tell me ...`): the user's words
 # pieces of chat-template tokens the model writes as text (`<end_of_turn>`, `end_of_turn_of_of_turn>`, `<|im_end|>`)
 _TEMPLATE = re.compile(r"<\|?(?:im_)?(?:start|end|eot|turn)\w*|\b(?:end|start)_(?:of_)?(?:turn|text)\w*|<\|(?:im_end|eot_id|endoftext)")
 
@@ -621,7 +636,11 @@ def _nonword(tok: str) -> bool:
     is not a word (`D`, `F`), a syllable stuttered on (`heheheheh`, `axaxaxax`)."""
     if len(tok) == 1:
         return tok.isupper() and tok not in "IAO"
-    return len(re.findall(r"(?=[A-Z]\d|\d[A-Z])", tok)) >= 3 or bool(_STUTTER.search(tok))
+    return len(re.findall(r"(?=[A-Z]\d|\d[A-Z])", tok)) >= 3 or bool(_STUTTER.search(tok)) or \
+        len(re.findall(r"(?=[^\W\d_]\d|\d[^\W\d_])", tok)) >= 4 and not _HEX.fullmatch(tok)  # `sTRss0y000TR`
+
+
+_HEX = re.compile(r"(?:0x)?[0-9a-f]+|[0-9A-F]+")  # an address, a hash: digits and letters by design
 
 
 _STUTTER = re.compile(r"([^\W\d_]{2,3})\1{3,}")
@@ -712,10 +731,11 @@ def broken_text(texts: list[str]) -> list[Finding]:
         return [Finding(Cause.garbage_output, n, texts[n - 1][:300], "structure", 0.55, strength=WEAK,
                         source="structure: the pasted answer is not language: words glued to digits, or "
                                f"numbers, no writer writes ({', '.join(repr(g) for _, g in glued[:3])})")]
-    toks = [(n, w) for n, t in lines for w in re.findall(r"[^\W_]+", t)]
+    toks = [(n, w) for n, t in lines if not _TYPED.match(t) for w in re.findall(r"[^\W_]+", t)]
     if len(toks) < 8 or any(w.lower() in ("nan", "inf") for _, w in toks):
         return []  # too little to judge, or numbers that are not numbers: a NaN reading, not broken text
-    if sum(w.isalpha() for _, w in toks) < 0.5 * len(toks) or sum(w.isdigit() for _, w in toks) > 0.3 * len(toks):
+    if sum(w.isalpha() or _nonword(w) for _, w in toks) < 0.5 * len(toks) or \
+            sum(w.isdigit() for _, w in toks) > 0.3 * len(toks):
         return []  # a table of figures (a process listing, a metrics dump), not an answer
     why, at = [], None
     for n, sentence in ((n, x) for n, t in lines for x in re.split(r"(?<=[.!?])\s", t)):
