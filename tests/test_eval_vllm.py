@@ -43,18 +43,19 @@ def _port() -> int:
 def test_vllm_serving_the_digits_preset_answers_like_the_embedded_reference(tmp_path):
     pytest.importorskip("torch")
     ref = tmp_path / "ref.json"
-    with serve("", "--moe-runner-backend", "reference",
-               command=[sys.executable, "-m", "moelab.cli", "serve", "--preset", "digits"], timeout=180) as url:
-        rc, _ = eval_json("--url", url, "--task", "digits", "--concurrency", "8", "--save", str(ref))
-    assert rc == 0
     port = _port()
-    # --dtype float32: vLLM's bf16 CPU kernels die with SIGILL on this VM (see test_vllm_real.py)
+    # vLLM starts first and the reference is taken while it loads (its start is one core's work for half
+    # a minute). --dtype float32: vLLM's bf16 CPU kernels die with SIGILL on this VM (see test_vllm_real.py)
     proc = subprocess.Popen([str(VENV / "bin" / "vllm"), "serve", str(TRAINED_PRESETS["digits"]), "--port", str(port),
                              "--dtype", "float32", "--max-model-len", "64", "--enforce-eager"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
     url = f"http://127.0.0.1:{port}"
     try:
+        with serve("", "--moe-runner-backend", "reference",
+                   command=[sys.executable, "-m", "moelab.cli", "serve", "--preset", "digits"], timeout=180) as ref_url:
+            rc, _ = eval_json("--url", ref_url, "--task", "digits", "--concurrency", "8", "--save", str(ref))
+        assert rc == 0
         deadline = time.monotonic() + 300
         while True:
             try:
