@@ -220,7 +220,9 @@ BROKEN = {"levanter-1259": "said again within six words", "llama.cpp-17106": "ar
           "mistral.rs-956": "letters no language writes",  # with the server's own lines around the answer
           "lmstudio-bug-tracker-1276": "word salad", "ollama-3695": "hold no letter",
           "llama-cpp-turboquant-207": "numbers, no writer writes",  # `1,00080278`, `21446.21466-15-05.19398035`
-          "exo-1953": "glued to digits"}
+          "exo-1953": "glued to digits",
+          "xinfer-250": "are no word",  # letters and digits run together, the command typed above it aside
+          "sglang-3716": "five or more times in a row"}  # `<|>` on line after line
 
 
 @pytest.mark.parametrize("case,why", BROKEN.items(), ids=list(BROKEN))
@@ -318,13 +320,17 @@ STRUCTURE = {"AMD-SHARK-Studio-965": ("port_in_use", "address-in-use"),  # a cha
              # no progress: requests queue and none is scheduled; one request's context shifted again and again
              "vllm-8378": ("hang", "nothing is scheduled"),
              "ollama-2805": ("hang", "context shifted"),
-             "xoscar-97": ("orphan_leak", "process listing"),
+             "xoscar-97": ("orphan_leak", "process listing"),  # ps after terminate-model: the model's workers
              # a bare AssertionError under the assert it failed: a size of the model by the parallel size
              "vllm-1581": ("bad_args", "divides by the parallel size"),
              # a scheduler's CANCELLED with the cgroup's OOM kill count beside it: the OOM ended the job
              "3DRS-7": ("host_oom", "OOM-killer"),
-             # letters and digits run together in most tokens of the answer, the command typed above it aside
-             "xinfer-250": ("garbage_output", "are no word")}  # ps after terminate-model: the model's workers
+             # a gdb backtrace whose innermost frame is no wait: the crash's own stack
+             "server-7472": ("native_crash", "gdb backtrace of a crash"),
+             # bash's `Killed` in a zh_CN locale, glued to a progress bar
+             "TaPA-1": ("host_oom", "SIGKILL"),
+             # a progress bar as wide as the terminal, then the shell's `Killed`: no wrapped line
+             "Video-LLaVA-13": ("host_oom", "SIGKILL")}
 
 
 @pytest.mark.parametrize("case,want", STRUCTURE.items(), ids=list(STRUCTURE))
@@ -332,6 +338,25 @@ def test_structure_of_real_logs(case, want):
     _, v = _dev_case(case)
     assert v.cause.value == want[0] and want[1] in v.evidence[0].source, v
     assert v.detail["weak"] is (want[0] in ("orphan_leak", "garbage_output"))
+
+
+def test_workers_listed_as_left_behind_after_the_end_are_the_leak_and_the_end_its_second_reading():
+    _, v = _dev_case("vllm-44751")  # a startup timeout ended the launcher; "orphaned procs:" and the worker
+    assert v.cause is Cause.orphan_leak and "VLLM::Worker_DP1_EP1" in v.evidence[0].text, v
+    assert v.alternatives[0].cause is Cause.startup_timeout
+
+
+def test_a_gdb_backtrace_of_a_waiting_process_is_no_crash():
+    # the shape of `thread apply all bt` on a stuck server (not a real log): its innermost frames wait
+    stuck = ["#0  0x00007f2c1a4d8e96 in __futex_abstimed_wait_common64 (private=0, cancel=true) at ./nptl/futex-internal.c:57",
+             "#1  0x00007f2c1a4db9c0 in __pthread_cond_wait_common (cond=0x55d0) at ./nptl/pthread_cond_wait.c:503",
+             "#2  0x00007f2bf0a1c2de in ncclGroupEnd () from /usr/lib/libnccl.so.2"]
+    from moelab.diagnose import structure
+
+    assert structure.native_reports(stuck, lambda t: None) == []
+    crashed = [stuck[0].replace("__futex_abstimed_wait_common64", "Context::IsCancelled"),
+               "#1  0x00005c9ffbc00b8a in ModelInferHandler::Process (this=0x7332757b7f70) at infer_handler.cc:706"]
+    assert structure.native_reports(crashed, lambda t: None)[0].cause is Cause.native_crash
 
 
 def test_macos_one_line_terminate_is_read_like_linux_terminate():

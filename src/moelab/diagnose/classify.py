@@ -33,6 +33,8 @@ from moelab.spec import Alternative, Cause, Evidence, Phase, Verdict
 _TRACEBACK = "Traceback (most recent call last):"
 # A log that spans several server lifetimes (restarts, a clean stop then a new start) is judged on
 # the last lifetime that has a failure: these lines begin one, or end one cleanly.
+# causes that say how a server ended, not what went wrong in it
+_ENDINGS = (Cause.startup_timeout, Cause.killed_external, Cause.hang, Cause.unknown)
 _LIFETIME = re.compile(r"Starting vLLM (?:API )?server|server_args=ServerArgs\(|moelab\.engine phase=start\b|"
                        r"Started server process|Application shutdown complete|moelab\.engine phase=shutdown|"
                        r"^Shutdown complete")
@@ -235,8 +237,9 @@ def unwrap(lines: list[str]) -> list[str]:
         if k == len(lines) - 1 or not re.match(r"[a-z\s(,;:/._-]", lines[k + 1][:1] or "A") \
                 or re.match(r"[\w./-]+: \S", lines[k + 1]) \
                 or _SHELL_COMMAND.match(lines[k]) \
-                or re.search(r'", line \d+, in \S+$', lines[k].rstrip()):  # "zsh: segmentation fault", "prog: error: ...": a record;
-            return list(lines)  # a command typed at a prompt ends where its user pressed Enter, a frame at its function
+                or re.search(r'", line \d+, in \S+$|[\s\]%|]Killed$', lines[k].rstrip()):  # "zsh: segmentation fault", "prog: error: ...": a record;
+            return list(lines)  # a command typed at a prompt ends where its user pressed Enter, a frame at its
+            # function, a shell's `Killed` (after a progress bar as wide as the terminal) at the end of its line
     out, i = list(lines), 0
     while i < len(out) - 1:
         j = i
@@ -410,6 +413,12 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
         decided = Finding(cause, n, texts[n - 1], "words", round(min(0.6, 0.3 + 0.3 * s / total), 2),
                           source=f"cause words: score {s:g} of {total:g} over the log")
 
+    left = structure.left_behind(texts) if decided is not None and decided.cause in _ENDINGS else None
+    if left is not None and (left.line or 0) > (decided.line or 0):
+        # how the server ended (a startup timeout, a kill), then the workers it left running, listed: the
+        # leak is what the log reports; the ending is its second reading
+        alts[decided.cause] = 0.45
+        decided = left
     if decided is not None and decided.extra.get("type") == "KeyboardInterrupt":
         hung = next(((n, sc) for c, sc, n in scores if c is Cause.hang and sc >= 2), None)
         waited = _interrupted_wait(texts, decided.line or 0)

@@ -289,9 +289,24 @@ CXX_TYPE_CAUSE: dict[str, Cause] = {"std::bad_alloc": Cause.host_oom,  # operato
 _CXX_COLLECTIVE = re.compile(r"^(?:gloo|nccl|rccl|hccl|ccl|ucc|ucx|mpi)::", re.I)
 
 
+# a gdb backtrace's frame (`#0  0x00005c9f... in triton::server::...::IsCancelled (this=0x0)`, `#3 0x... in ?? ()`);
+# a backtrace whose innermost frames wait (a futex, a poll, a stream sync) is a stuck process's, not a crash's
+_GDB_FRAME = re.compile(r"^#(\d+)\s+(?:0x[0-9a-f]+ in )?(?P<func>[\w:~<>,*&\[\] ]+?|\?\?) \(.*\)(?: at \S+:\d+| from \S+)?$")
+_WAITING = re.compile(r"futex|pthread_cond|pthread_join|sem_wait|\bpoll\b|epoll|select|nanosleep|sched_yield|usleep|"
+                      r"\bwait|Synchronize|ncclGroupEnd|clock_nanosleep|__GI___libc_read|recv", re.I)
+
+
 def native_reports(texts: list[str], rule_cause) -> list[Finding]:
-    """C++ terminate (refined by its what() message through `rule_cause(text)`), faulthandler dumps."""
+    """C++ terminate (refined by its what() message through `rule_cause(text)`), faulthandler dumps, gdb
+    backtraces of a crash."""
     out = []
+    frames = [(n, m) for n, t in enumerate(texts, 1) if (m := _GDB_FRAME.match(t.strip()))]
+    inner = [m for _, m in frames[:3]]
+    if len(frames) >= 2 and frames[0][1].group(1) == "0" and not any(_WAITING.search(m.group("func")) for m in inner):
+        n = frames[0][0]
+        out.append(Finding(cause=Cause.native_crash, line=n, text=texts[n - 1][:400], layer="structure", confidence=0.7,
+                           source=f"structure: a gdb backtrace of a crash ({len(frames)} frames, innermost "
+                                  f"{frames[0][1].group('func').strip()[:80]})"))
     for n, text in enumerate(texts, 1):
         m = _TERMINATE.search(text) or _LIBCXXABI.search(text)
         if m:
@@ -351,7 +366,7 @@ def panics(texts: list[str], rule_cause) -> list[Finding]:
 
 
 # -- kills and OOM evidence ------------------------------------------------------------------
-_SIGKILL = re.compile(r"(?:^|[\s\]%|])Killed(?:\s+\S.*)?$|\bexit(?:ed)? with code 137\b|\bexit(?: code|ed| status)[: ]+137\b|"
+_SIGKILL = re.compile(r"(?:^|[\s\]%|])Killed(?:\s+\S.*)?$|已杀死\s*$|\bexit(?:ed)? with code 137\b|\bexit(?: code|ed| status)[: ]+137\b|"
                       r"\bsignal: killed\b|\bkilled by signal 9\b|\bSIGKILL\b|Exit Code:\s*137|code=137|"
                       r"^(?:zsh|bash|sh): (?:line \d+: )?(?:\d+ )?killed\b|\[\d+\]\s+(?:\+\s+)?\d+ killed\s|"
                       r"exit ?code:? -9\b|exitcode\s*:\s*-9\b|return ?code\s*[:=]?\s*-9\b|killed by signal: Killed|^Killed: 9$|"
@@ -373,7 +388,7 @@ _TEARDOWN = re.compile(r"Sending process \d+ closing signal SIGTERM|[Kk]illing (
 
 # every line the three patterns above can match holds one of these (lower case): most lines of a long
 # log hold none, and are passed over without running them
-_KILL_WORDS = ("kill", "137", "-9", "oom", "sigterm", "signal", "terminat", "evict", "preempt", "probe", "stopping",
+_KILL_WORDS = ("kill", "已杀死", "137", "-9", "oom", "sigterm", "signal", "terminat", "evict", "preempt", "probe", "stopping",
                "cancel", "memory", "time limit", "node failure", "docker stop", "143")
 
 
@@ -437,6 +452,21 @@ def leftovers(texts: list[str]) -> list[Finding]:
                                source="structure: a process listing shows processes reparented to init or "
                                       "holding GPU memory"))
     return out[:3]
+
+
+_WORKER_NAMED = re.compile(r"^(?:\S+\s+)?\d{3,}\s+(?:\S+\s+)*?(?:VLLM::\w+|sglang::\w+|ray::\w+|VllmWorker\w*|EngineCore\w*)\b")
+
+
+def left_behind(texts: list[str]) -> Finding | None:
+    """The log says processes stayed behind ("orphaned procs:", "still running") and lists an engine's
+    worker by pid right under it: the leak is shown, not guessed from a listing."""
+    for n, text in enumerate(texts, 1):
+        if _LEFT.search(text) and any(_WORKER_NAMED.match(t.strip()) for t in texts[n:n + 3]):
+            row = next(t.strip() for t in texts[n:n + 3] if _WORKER_NAMED.match(t.strip()))
+            return Finding(Cause.orphan_leak, n, f"{text.strip()} {row}"[:300], "structure", 0.7,
+                           source="structure: the log says processes stayed behind and lists an engine's worker "
+                                  "still there")
+    return None
 
 
 # -- degenerate generated text ----------------------------------------------------------------
@@ -689,6 +719,16 @@ def _short_answer(answers: list[tuple[int, str]]) -> tuple[int, str, bool] | Non
 
 
 def _symbols(answers: list[tuple[int, str]]) -> tuple[int, str, bool] | None:
+    # one short line of symbols over and over (`<|>` on line after line): a decoder's loop
+    prev, start, run, best = None, 0, 0, None
+    for n, t in answers:
+        key = t.strip()
+        run, start = (run + 1, start) if key and key == prev and not re.search(r"[^\W_]", key) else (1, n)
+        prev = key
+        if run >= 5 and best is None:
+            best = (start, key)
+    if best:
+        return best[0], f"the line {best[1][:20]!r} five or more times in a row", True
     rows = [(n, m.group(1)) for n, t in answers if (m := _SYMBOL_ROW.match(t))]
     if rows and (len(rows) >= 2 or rows[0][1] in "!?"):
         return rows[0][0], f"lines of one symbol repeated ({', '.join(repr(c * 5) for _, c in rows[:3])} ...)", True
