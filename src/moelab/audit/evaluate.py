@@ -17,7 +17,7 @@ import ast
 from typing import Any, Callable
 
 from moelab.audit.profile import Profile
-from moelab.audit.source import SourceIndex, Symbol, last_name, lookup
+from moelab.audit.source import SourceIndex, Symbol, import_map, last_name, lookup
 from moelab.audit.values import (
     ASSUMED_CALLS, ASSUMED_VALUES, BINARY_OPS, BUILTINS, RAISES, STR_METHODS, TYPES, U, assign, Bound, Cap,
     ClassRef, compare, DictGet, dotted, Facts, Fn, Frame, hashable, Lazy, merge, ModRef, probes_a_package,
@@ -336,7 +336,7 @@ class Evaluator:
 
     def bind(self, f: Fn, args: tuple, kwargs: dict) -> Frame:
         node = f.sym.node
-        imports = f.sym.module.own_imports(node)
+        imports, _ = import_map([node], f.sym.module.name, f.sym.module.is_package)
         cls = f.this.sym if isinstance(f.this, ClassRef) else None
         frame = Frame(f.sym.module, imports, {}, cls)
         params = [*node.args.posonlyargs, *node.args.args]

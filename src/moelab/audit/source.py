@@ -80,14 +80,6 @@ class Module:
     star: list[str] = field(default_factory=list, repr=False)  # modules of `from X import *`
     _dicts: dict[str, list[tuple[ast.expr, ast.expr]]] | None = field(default=None, repr=False)
     _lines: list[str] | None = field(default=None, repr=False)
-    _own: dict[int, dict[str, tuple[str, str | None]]] = field(default_factory=dict, repr=False)
-
-    def own_imports(self, fn: ast.AST) -> dict[str, tuple[str, str | None]]:
-        """The imports inside one function of this module (read-only; walked once per function)."""
-        got = self._own.get(id(fn))
-        if got is None:
-            got = self._own[id(fn)] = import_map([fn], self.name, self.is_package)[0]
-        return got
 
     @property
     def dict_entries(self) -> dict[str, list[tuple[ast.expr, ast.expr]]]:

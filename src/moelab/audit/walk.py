@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from moelab.audit.values import Frame, Lazy
-from moelab.audit.source import Module, Symbol, last_name
+from moelab.audit.source import Module, Symbol, import_map, last_name
 
 
 @dataclass(eq=False)  # hashed by identity: one scope per walked function
@@ -127,7 +127,7 @@ def message_of(node: ast.AST) -> str | None:
 def walk(fn: ast.AST, module: Module, cls: Symbol | None, flag_of: Callable[[ast.expr, dict], str | None],
          arch_major_calls: dict[str, str] | None = None,
          annotated: Callable[[ast.expr | None], str | None] = lambda a: None) -> Body:
-    imports = module.own_imports(fn)
+    imports, _ = import_map([fn], module.name, module.is_package)
     # parameters that hold a flag: `backend: Fp8GemmRunnerBackend`
     args = getattr(fn, "args", None)
     aliases: dict[str, str] = {a.arg: f for a in (args.args + args.kwonlyargs if args else [])
