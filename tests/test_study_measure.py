@@ -75,6 +75,30 @@ def test_the_interval_is_over_launch_means_and_both_spreads_are_reported():
     assert ranking.interval_text(rec).endswith("n=9 over 3 launches")
 
 
+def test_one_lagging_repeat_is_set_aside_not_held_against_the_configuration():
+    # CI's failure: the fast backend's second final launch began with a repeat whose client loop
+    # lagged (invalid, 731 tok/s) among four trusted ones near 1,270; the slow baseline's repeats
+    # were all trusted. The whole fast configuration used to count as untrusted and the baseline won.
+    fast = [trial(1, "fast", [1271.9, 1272.2], stage="final", rep=0),
+            trial(2, "fast", [731.2, 1295.6], stage="final", rep=1)]
+    fast[1]["metrics"]["points"][0]["valid"] = False
+    fast[1]["metrics"]["repeats_valid"] = [False, True]
+    slow = [trial(3, "slow", [636.0, 477.5], stage="final", rep=0), trial(4, "slow", [563.2, 599.7], stage="final", rep=1)]
+    rec = ranking.recommend(fast + slow, {})
+    assert rec["label"] == "moe-runner-backend=fast" and rec["valid"] and rec["set_aside"] == 1
+    assert rec["value"] == pytest.approx((1272.05 + 1295.6) / 2)  # the mean of the two launches' trusted repeats
+    assert ranking.interval_text(rec).endswith("over 2 launches, 1 set aside (the client lagged)")
+    # a configuration with no trusted measurement stays untrusted, and loses to one that has some
+    fast[0]["metrics"]["repeats_valid"] = [False, False]
+    fast[1]["metrics"]["repeats_valid"] = [False, False]
+    rec = ranking.recommend(fast + slow, {})
+    assert rec["label"] == "moe-runner-backend=slow" and rec["valid"]
+    assert not ranking.by_config(fast + slow, {})["moe-runner-backend=fast"]["valid"]
+    # a trial stored before each repeat had its own flag: its primary point's flag covers them all
+    del fast[1]["metrics"]["repeats_valid"]
+    assert ranking.measurements(fast[1]) == [(731.2, False), (1295.6, False)]
+
+
 def test_goodput_decides_under_its_objective():
     fast_late = [trial(1, "a", [200, 202], goodput=1.0), trial(2, "b", [150, 151], goodput=9.0)]
     for t, vals in zip(fast_late, ([1.0, 1.1], [9.0, 9.2])):

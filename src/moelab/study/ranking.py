@@ -71,6 +71,45 @@ def objective_values(trial: dict, objective: str = "throughput") -> list[float]:
     return []
 
 
+def measurements(trial: dict, objective: str = "throughput") -> list[tuple[float, bool]]:
+    """Every measurement of `objective` in one trial, each with whether the load generator trusted it
+    (its own event loop kept time: load/run.validity). A trial stored before each repeat carried its
+    own flag gives all of them its primary point's.
+
+    >>> measurements({"metrics": {"points": [{"output_tps": 9.0, "valid": True}],
+    ...                           "repeats": [9.0, 4.0], "repeats_valid": [True, False]}})
+    [(9.0, True), (4.0, False)]
+    """
+    m = trial.get("metrics") or {}
+    whole = bool((primary(m) or {}).get("valid", True))
+    if objective == "throughput":
+        xs, ok = m.get("repeats") or [], m.get("repeats_valid")
+    else:
+        o = m.get("objective") or {}
+        xs, ok = (o.get("values") or [], o.get("valid")) if o.get("name") == objective else ([], None)
+    if ok is None or len(ok) != len(xs):
+        ok = [whole] * len(xs)
+    return [(x, bool(k)) for x, k in zip(xs, ok) if x is not None] or \
+        [(x, whole) for x in objective_values(trial, objective)]
+
+
+def trusted_launches(launches: list[list[tuple[float, bool]]]) -> tuple[list[list[float]], int, bool]:
+    """(the values per launch to rank by, how many were set aside, whether they are trusted): a
+    configuration with any trusted measurement is ranked on those alone, so one repeat whose client
+    lagged neither drags its mean nor marks the whole configuration untrusted; one with none keeps
+    them all, marked untrusted.
+
+    >>> trusted_launches([[(900.0, True), (450.0, False)], [(880.0, True)]])
+    ([[900.0], [880.0]], 1, True)
+    >>> trusted_launches([[(450.0, False)]])
+    ([[450.0]], 0, False)
+    """
+    kept = [[x for x, ok in ls if ok] for ls in launches]
+    if any(kept):
+        return [ls for ls in kept if ls], sum(len(ls) for ls in launches) - sum(len(ls) for ls in kept), True
+    return [[x for x, _ in ls] for ls in launches if ls], 0, False
+
+
 def identity_key(t: dict) -> str:
     """The configuration a trial measured, as a key: its flags with what the engine reported it ran
     in place of what was asked (engines/effective.identity); two requests that ran the same are one."""
@@ -133,7 +172,7 @@ def by_config(trials: list[dict], slo: dict, objective: str = "throughput") -> d
         label = keyed[key]
         c = out.setdefault(label, {"label": label, "flags": t["flags"], "changes": t["changes"],
                                    "samples": [], "trials": [], "sources": [], "slo_failures": [],
-                                   "valid": True, "same_as": [], "launch_samples": [], "tps_samples": [],
+                                   "same_as": [], "launch_samples": [], "tps_samples": [],
                                    "rep_trial": t["id"]})
         if label in twins:
             pass  # same flags as another entry but ran otherwise: its own entry and label
@@ -148,20 +187,19 @@ def by_config(trials: list[dict], slo: dict, objective: str = "throughput") -> d
         src = t.get("reused_from") or t["id"]  # one stored measurement reused twice counts once
         if src not in c["sources"]:
             c["sources"].append(src)
-            vals = objective_values(t, objective)
-            c["samples"] += vals
-            c["launch_samples"].append(vals)
+            c["launch_samples"].append(measurements(t, objective))
             c["tps_samples"] += throughputs(t)
         c["trials"].append(t["id"])
         if objective == "throughput":
             c["slo_failures"] = sorted(set(c["slo_failures"]) | set(slo_failures(p, slo)))
-        c["valid"] = c["valid"] and p.get("valid", True)
         acc = (t.get("metrics") or {}).get("accuracy")
         if acc is not None:
             c.setdefault("accuracy", []).append(acc["accuracy"])
             if not acc["passed"]:
                 c["slo_failures"] = sorted(set(c["slo_failures"]) | {f"below the accuracy gate: {acc['why']}"})
     for c in out.values():
+        c["launch_samples"], c["set_aside"], c["valid"] = trusted_launches(c["launch_samples"])
+        c["samples"] = [x for ls in c["launch_samples"] for x in ls]
         c["mean"], c["low"], c["high"], c["interval_over"] = launch_interval(c["launch_samples"])
         c.update(spread(c["launch_samples"]), tps_mean=mean(c["tps_samples"]) if c["tps_samples"] else None)
         if c.get("accuracy"):
@@ -194,8 +232,10 @@ def distance(c: dict, base: dict) -> int:
 def ranked(trials: list[dict], slo: dict, base: dict | None = None, objective: str = "throughput") -> list[dict]:
     """Configurations that meet the SLOs with a valid measurement, best mean of the objective first.
 
-    When no measurement is valid (a loaded 2-core machine can delay the client itself), the
-    invalid ones are ranked rather than none, each still marked `valid: False`."""
+    A configuration is ranked on its trusted measurements (by_config: a repeat whose client lagged
+    is set aside). When none of its measurements is trusted (a loaded 2-core machine can delay the
+    client itself) and no other configuration's is either, they are ranked rather than none, each
+    still marked `valid: False`."""
     every = [c for c in by_config(trials, slo, objective).values() if not c["slo_failures"]]
     cfg = [c for c in every if c["valid"]] or every
     return sorted(cfg, key=lambda c: (-c["mean"], distance(c, base or {})))
@@ -224,8 +264,9 @@ def interval_text(c: dict) -> str:
         return "measured once"
     over = c.get("interval_over")
     k = c.get("launches")
+    aside = f", {c['set_aside']} set aside (the client lagged)" if c.get("set_aside") else ""
     return f"95% CI {low:.1f}-{high:.1f}, n={n}" + (f" over {k} launches" if over == "launches" else
-                                                   " in one launch" if k == 1 else "")
+                                                   " in one launch" if k == 1 else "") + aside
 
 
 def value_text(c: dict) -> str:
@@ -271,7 +312,8 @@ def recommend(trials: list[dict], slo: dict, base: dict | None = None, objective
         return {"label": c["label"], "output_tps": c["mean"] if objective == "throughput" else c.get("tps_mean"),
                 "value": c["mean"], "objective": objective, "ci95": [c["low"], c["high"]], "n": len(c["samples"]),
                 "launches": c.get("launches"), "interval_over": c.get("interval_over"),
-                "within_cv": c.get("within_cv"), "across_cv": c.get("across_cv"), "same_as": c.get("same_as", [])}
+                "within_cv": c.get("within_cv"), "across_cv": c.get("across_cv"), "same_as": c.get("same_as", []),
+                "set_aside": c.get("set_aside", 0)}
 
     gated = [brief(c) | {"why": "; ".join(c["slo_failures"])} for c in by_config(trials, slo, objective).values()
              if any(f.startswith("below the accuracy gate") for f in c["slo_failures"]) and c["mean"] > best["mean"]]

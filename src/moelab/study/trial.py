@@ -148,7 +148,8 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
     from moelab.load import SLO, run_load
     from moelab.probe import record_reference, run_probe
 
-    points, samples, repeats, values, search = [], [], [], [], []
+    points, samples, search = [], [], []
+    runs = []  # one per load repeat: (throughput at the primary point, objective value, trusted)
     fmt = probe_class(flags.get("--quantization") if isinstance(flags.get("--quantization"), str) else None)
     # the study's pruning ran the engine's launch check on this spec already: it runs once
     with Supervisor(spec, out_dir, probe=False, on_progress=on_progress, flags_checked=True) as srv:
@@ -181,9 +182,9 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
                 v, cap, results = capacity_repeat(srv, workload, slo, concurrency, fmt, reference, r, on_progress)
                 if v is not None:
                     break
-                values.append(cap.answer or 0)
                 at = next((res for res in results if cap.answer and res.workload.concurrency == cap.answer), None)
-                repeats.append(at.metrics.output_throughput if at is not None else None)
+                runs.append((at.metrics.output_throughput if at is not None else None, cap.answer or 0,
+                             all(res.valid for res in results)))
                 if r == 0:
                     met = sorted((res for st, res in zip(cap.steps, results) if st.met),
                                  key=lambda res: res.workload.concurrency)
@@ -214,14 +215,18 @@ def run_trial(spec: LaunchSpec, out_dir: Path, *, flags: dict, workload, slo: di
                     points.append(pm)
                     samples.append({"concurrency": c, "samples": [s.model_dump(mode="json") for s in res.samples]})
                 if c == concurrency[-1]:
-                    repeats.append(pm["output_tps"])
-                    values.append(pm["goodput"])
+                    runs.append((pm["output_tps"], pm["goodput"], res.valid))
             if v is not None:
                 break
     result = srv.result
-    metrics = {"points": points, "repeats": [x for x in repeats if x is not None]} if points or values else None
+    # `repeats_valid` beside `repeats`: whether the load generator trusted each one (its own loop kept
+    # time), so one lagging repeat is set aside instead of casting doubt on the whole configuration.
+    tps = [(x, ok) for x, _, ok in runs if x is not None]
+    metrics = {"points": points, "repeats": [x for x, _ in tps], "repeats_valid": [ok for _, ok in tps]} \
+        if points or runs else None
     if metrics is not None and objective != "throughput":
-        metrics["objective"] = {"name": objective, "values": values}
+        metrics["objective"] = {"name": objective, "values": [v for _, v, _ in runs],
+                                "valid": [ok for _, _, ok in runs]}
         if search:
             metrics["search"] = search  # every capacity search: the concurrency tried, met or why not
     if acc is not None:
