@@ -235,6 +235,7 @@ class Scraper:
         self.base_url, self.interval_s, self.timeout_s = base_url, interval_s, timeout_s
         self.headers = auth_headers(api_key)
         self.scrapes: list[tuple[float, str]] = []
+        self.answered: list[float] = []  # when each scrape's text had been read, beside when it was asked
         self.note = ""
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -246,6 +247,7 @@ class Scraper:
             asked = time.monotonic()  # the server renders the text when asked; a busy client may read it late
             with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
                 self.scrapes.append((asked, r.read().decode("utf-8", errors="replace")))
+            self.answered.append(time.monotonic())
             return True
         except urllib.error.HTTPError as e:
             self.note = (f"GET /metrics answered {e.code}" + (": no Prometheus metrics there (SGLang serves them "
@@ -276,4 +278,11 @@ class Scraper:
             self._stop.set()
             self._thread.join(self.timeout_s + 1)
             self._get()  # after the drain: the counters' end
-        return summarize(self.base_url, self.scrapes, self.load, self.note)
+        return summarize(self.base_url, self.placed(), self.load, self.note)
+
+    def placed(self) -> list[tuple[float, str]]:
+        """The scrapes, each at the time its text was rendered as far as it can be told: when it was
+        asked, except one asked under load and answered only after the load ended (a busy server can
+        take a second to answer), which may show the drained server: it is placed at its answer."""
+        end = self.load[1] if self.load else None
+        return [(b if end is not None and a <= end < b else a, t) for (a, t), b in zip(self.scrapes, self.answered)]
