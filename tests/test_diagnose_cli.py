@@ -46,3 +46,17 @@ def test_empty_inputs_are_refused_with_what_to_do(tmp_path):
     (tmp_path / "d").mkdir()
     r = moelab(str(tmp_path / "d"), "--json")
     assert r.returncode == 2 and "no files" in json.loads(r.stdout)["error"]
+
+
+def test_the_panel_in_a_file_wraps_its_long_lines_and_loses_no_word():
+    """Piped into a file (no terminal), the verdict panel had cropped each line at its 200-column border:
+    the advice stopped at "..., or u". Every word of the evidence and the advice is in the output."""
+    case = Path(__file__).parent / "data" / "real-logs" / "triton-server-2193" / "log.txt"
+    r = moelab(str(case))
+    doc = json.loads(moelab(str(case), "--json").stdout)
+    flat = " ".join(ln.strip("│ ") for ln in r.stdout.splitlines())
+    words = " ".join(" ".join(x.split()) for x in flat.split())
+    assert r.returncode == 1 and all(len(x) <= 202 for x in r.stdout.splitlines())  # unknown: not ok
+    for text in (doc["advice"], doc["evidence"][0]["text"]):
+        for w in text.split():
+            assert w in words, (w, r.stdout)

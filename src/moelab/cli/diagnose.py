@@ -95,7 +95,7 @@ def diagnose(
             guessed = f" (engine {eng}, guessed from the log)" if engine is None and eng else \
                 f" (engine {eng})" if eng else ""
             console.print(verdict_panel(v, log_name=Path(name).name,
-                                        footer=[f"{len(lines)} lines read from {name}{guessed}"]))
+                                        footer=[f"{len(lines)} lines read from {name}{guessed}"]), soft_wrap=False)
         raise typer.Exit(0 if v.ok else 1)
     judged = [r for r in results if r[3] is not None]
     counts: dict[str, int] = {}

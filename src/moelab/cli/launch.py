@@ -125,5 +125,5 @@ def launch(
         peak = res.telemetry.get("peak_rss_bytes")
         if peak:
             footer.insert(0, f"peak host RSS of the tree {size(peak)}")
-        console.print(verdict_panel(v, log_name="server.log", footer=footer, mask=hide))
+        console.print(verdict_panel(v, log_name="server.log", footer=footer, mask=hide), soft_wrap=False)
     raise typer.Exit(0 if v.ok else 1)

@@ -23,7 +23,9 @@ def verdict_json(v: Verdict, mask=lambda s: s, **extra) -> str:
 
 
 def verdict_panel(v: Verdict, log_name: str = "log", footer: list[str] | None = None, mask=lambda s: s):
-    """A Rich renderable: cause and phase, evidence with log line numbers, advice, footer lines."""
+    """A Rich renderable: cause and phase, evidence with log line numbers, advice, footer lines. Print
+    it with `soft_wrap=False`: a panel has a width, and the console's soft wrap for pipes would crop
+    every line at its border (the advice cut mid-word in a file) instead of wrapping it."""
     from rich.panel import Panel
     from rich.text import Text
 
