@@ -185,7 +185,8 @@ def test_rule_on_a_real_log(rule_id, case):
 ALSO = {"verl-224": "ray-memory-monitor",  # Ray's "Top 10 memory users" table, pasted alone
         "llama.cpp-10378": "invalid-combination",  # one option that needs another, before the load error it led to
         "ollama-14026": "argparse-error",  # an environment variable refused (a warning, then the default used)
-        "nccl-1372": "no-kernel-image"}  # NCCL's `Cuda failure 'named symbol not found'`: built for sm_80, run on H100
+        "nccl-1372": "no-kernel-image",  # NCCL's `Cuda failure 'named symbol not found'`: built for sm_80, run on H100
+        "ollama-5015": "model-files"}  # llama.cpp's check_tensor_dims: a tensor the loader looks for is not in the GGUF
 
 
 @pytest.mark.parametrize("case,rule_id", ALSO.items(), ids=list(ALSO))
@@ -305,6 +306,11 @@ def test_an_exception_message_names_its_cause_when_its_type_does_not(case, etype
 
 # Structure the classifier reads in real logs of the dev split: (case, cause, words of the deciding evidence's source)
 STRUCTURE = {"AMD-SHARK-Studio-965": ("port_in_use", "address-in-use"),  # a chained exception names the first
+             # a paste that ends at `raise RuntimeError(message) from e` in torch's ninja build, its frame
+             # paths padded where a terminal wrapped them: the package of the frames decides
+             "exllama-65": ("jit_compile_error", "raised from torch/utils/cpp_extension"),
+             # torch elastic's agent got a SIGHUP (the run was under nohup, the terminal closed)
+             "Chinese-LLaMA-Alpaca-3-47": ("killed_external", "stopped from outside"),
              "vllm-34816": ("orphan_leak", "engine's worker process"),  # fuser / rocm-smi rows of VLLM::EngineCore
              "ollama-12360": ("garbage_output", "chat-template markers"),
              "llama.cpp-9352": ("gpu_oom", "cuda-oom"),  # ggml's ROCm0 buffer, before the load error it caused

@@ -123,17 +123,22 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
             continue
         fm = FRAME.match(text)
         if fm:
-            frames.setdefault(rank, []).append(fm.group("path"))
+            # a path a terminal wrapped and the paste kept padded (`.../torch/utils      /cpp_extension.py`)
+            frames.setdefault(rank, []).append(_WRAP_GAP.sub("", fm.group("path")))
             continue
         m = _EXC.match(text)
         raised = _RAISE.match(text)
-        if raised and raised.group(1) in TYPE_CAUSE and (n == len(texts) or not FRAME.match(texts[n]) and
-                                                           not _EXC.match(texts[n])):
-            # an excerpt that ends at the `raise X(...)` source line: the type still says what happened
-            cause = TYPE_CAUSE[raised.group(1)]
-            out.append(Finding(cause=cause, line=n, text=text, layer="structure", rank=rank, confidence=0.75,
-                               source=f"structure: the traceback ends raising {raised.group(1)}"))
-            continue
+        if raised and (n == len(texts) or not FRAME.match(texts[n]) and not _EXC.match(texts[n])):
+            # an excerpt that ends at the `raise X(...)` source line: the type still says what happened,
+            # or for a generic type the package of the frames above it (torch's cpp_extension build)
+            etype = raised.group(1)
+            cause, why = (TYPE_CAUSE[etype], "") if etype in TYPE_CAUSE else \
+                _exception_cause(etype, "", frames.get(rank, [])) if etype in GENERIC_TYPES else (None, "")
+            if cause is not None:
+                out.append(Finding(cause=cause, line=n, text=text, layer="structure", rank=rank, confidence=0.75,
+                                   source=f"structure: the traceback ends raising {etype}" + (f" ({why})" if why else "")))
+                frames.pop(rank, None)
+                continue
         if not m or text.startswith(("warnings.warn", "raise ")):
             continue
         etype, msg = m.group("type"), (m.group("msg") or "").strip()
@@ -187,6 +192,7 @@ def exceptions(texts: list[str], ranks: list[str | None], rule_cause=None) -> li
     return out
 
 
+_WRAP_GAP = re.compile(r"\s{2,}(?=/)")  # padding a terminal's wrap left inside a path, before a slash
 _CARETS = re.compile(r"[~^]+")  # Python 3.11's marks under the failing expression
 # a source line of a traceback that reads an environment variable (`int(os.getenv('VLLM_PORT', '0'))`) or
 # a key of a loaded configuration (`contextsize_text.index(str(dict["contextsize"]))`)
@@ -375,7 +381,7 @@ _OOM = re.compile(r"Out of memory: Kill(?:ed)? process|oom-kill:|\boom_kill\b|Me
                   r"killed by the OOM killer|OOM killer|oom-kill event|running low on memory|ray-oom-prevention|"
                   r"memory: usage (\d+)kB, limit \1kB|"
                   r"\bTask in /\S* killed as a result of limit of")  # older kernels' memory-cgroup OOM report
-_EXTERNAL = re.compile(r"\bSIGTERM\b|signal 15\b|\b15 death signal|^Terminated$|^\[\d+\]\s+(?:\+\s+)?\d+ terminated\b|"
+_EXTERNAL = re.compile(r"\bSIGTERM\b|signal 15\b|\b15 death signal|Received Signals\.SIG(?:HUP|INT) death signal|^Terminated$|^\[\d+\]\s+(?:\+\s+)?\d+ terminated\b|"
                        r"\d+ Terminated\s|exit(?:ed)? with code 143|exit(?: code|ed| status)[: ]+143|signal: terminated|"
                        r"[Ll]iveness probe failed|failed liveness probe|\bEvicted\b|Stopping container|"
                        r"DUE TO (?:TIME LIMIT|PREEMPTION|NODE FAILURE)|\b[Pp]reempt(?:ed|ion)\b|CANCELLED AT|docker stop|"
