@@ -246,7 +246,8 @@ class Scraper:
             req = urllib.request.Request(self.url, headers=self.headers)
             asked = time.monotonic()  # the server renders the text when asked; a busy client may read it late
             with urllib.request.urlopen(req, timeout=self.timeout_s) as r:
-                self.scrapes.append((asked, r.read().decode("utf-8", errors="replace")))
+                text = r.read().decode("utf-8", errors="replace")
+            self.scrapes.append((asked, text))
             self.answered.append(time.monotonic())
             return True
         except urllib.error.HTTPError as e:
