@@ -10,7 +10,8 @@ MODULES = ["moelab.formats", "moelab.study.attribute", "moelab.study.search", "m
            "moelab.diagnose.classify", "moelab.diagnose.engine_guess", "moelab.diagnose.lines", "moelab.diagnose.ruleset",
            "moelab.diagnose.structure", "moelab.diagnose.words",
            "moelab.engines.check", "moelab.study.executors.local", "moelab.engines.effective",
-           "moelab.load.server_metrics", "moelab.load.capacity", "moelab.study.ranking"]
+           "moelab.load.server_metrics", "moelab.load.capacity", "moelab.study.ranking",
+           "moelab.cli.diagnose"]
 
 
 @pytest.mark.parametrize("name", MODULES)

@@ -6,7 +6,11 @@ table), or standard input (`-`). The engine is guessed from each log's own words
 """
 from __future__ import annotations
 
+import codecs
+import gzip
+import io
 import sys
+import zlib
 from pathlib import Path
 
 import typer
@@ -16,12 +20,17 @@ from moelab.cli.app import app
 MAX_FILES = 2000
 
 
-def _logs(paths: list[str]) -> list[tuple[str, list[str]]]:
-    """(name, lines) of every log the arguments name; raises ValueError saying what was wrong."""
+def _logs(paths: list[str]) -> tuple[list[tuple[str, list[str]]], list[str]]:
+    """(name, lines) of every log the arguments name, and the files of a folder left out as not
+    text; raises ValueError saying what was wrong."""
     out: list[tuple[str, list[str]]] = []
+    skipped: list[str] = []
     for p in paths:
         if p == "-":
-            out.append(("<stdin>", sys.stdin.read().splitlines()))
+            text = text_of(sys.stdin.buffer.read())
+            if text is None:
+                raise ValueError("standard input is not a text log (it holds binary data)")
+            out.append(("<stdin>", text.splitlines()))
             continue
         path = Path(p)
         if path.is_dir():
@@ -30,21 +39,66 @@ def _logs(paths: list[str]) -> list[tuple[str, list[str]]]:
                 raise ValueError(f"{path} is a folder with no files in it: give a log file, a folder of logs, or -")
             if len(files) > MAX_FILES:
                 raise ValueError(f"{path} holds {len(files)} files; give at most {MAX_FILES} (a folder of logs)")
-            out += [(str(f), _read(f)) for f in files if not _binary(f)]
+            for f in files:
+                text = _read(f)
+                if text is None:
+                    skipped.append(str(f))
+                else:
+                    out.append((str(f), text.splitlines()))
         elif path.is_file():
-            out.append((str(path), _read(path)))
+            text = _read(path)
+            if text is None:
+                raise ValueError(f"{path} is not a text log (it holds binary data)")
+            out.append((str(path), text.splitlines()))
         else:
             raise ValueError(f"no such log file: {path}")
-    return out
+    return out, skipped
 
 
-def _binary(path: Path) -> bool:
-    with path.open("rb") as f:
-        return b"\0" in f.read(4096)
+def _read(path: Path) -> str | None:
+    try:
+        return text_of(path.read_bytes())
+    except OSError as e:
+        raise ValueError(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def _read(path: Path) -> list[str]:
-    return path.read_text(encoding="utf-8", errors="replace").splitlines()
+GUNZIP_LIMIT = 2 << 30  # a rotated log (server.log.1.gz) is read whole; a bigger one is not a log
+
+
+def text_of(data: bytes) -> str | None:
+    r"""A log's text from its bytes, or None when they are not text. Rotated logs come gzipped;
+    Windows PowerShell's `>` writes UTF-16 with a byte-order mark; undecodable bytes are replaced
+    rather than refused (a log cut mid-character is still a log).
+
+    >>> text_of("Killed\n".encode("utf-16"))
+    'Killed\n'
+    >>> import gzip; text_of(gzip.compress(b"\xef\xbb\xbfRuntimeError: CUDA error\n"))
+    'RuntimeError: CUDA error\n'
+    >>> text_of(b"\x7fELF\x02\x01\x01\x00\x00\x00") is None, text_of(bytes(range(1, 256))) is None
+    (True, True)
+    """
+    if data[:2] == b"\x1f\x8b":
+        try:
+            with gzip.GzipFile(fileobj=io.BytesIO(data)) as f:
+                data = f.read(GUNZIP_LIMIT + 1)
+        except (OSError, EOFError, zlib.error):
+            return None
+        if len(data) > GUNZIP_LIMIT:
+            return None
+    for bom, codec in ((codecs.BOM_UTF8, "utf-8-sig"), (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16")):
+        if data.startswith(bom):
+            return data.decode(codec, errors="replace")
+    head = data[:4096]
+    if head[1::2].count(0) > 0.4 * len(head[1::2]) and head[1::2]:  # UTF-16LE without its mark
+        return data.decode("utf-16-le", errors="replace")
+    if b"\0" in head or sum(head.count(c) for c in _CONTROL) > 0.02 * len(head):
+        return None  # NULs, or control bytes no terminal output holds: an executable, an image, a core
+    return data.decode("utf-8", errors="replace")
+
+
+# C0 control bytes other than the ones logs carry (tab, newline, carriage return, bell, backspace,
+# form feed, the escape of colours)
+_CONTROL = [bytes([c]) for c in range(32) if c not in b"\t\n\r\x07\x08\x0c\x1b"]
 
 
 @app.command(options_metavar="[OPTIONS] LOG... (a file, a folder of logs, or - for stdin)")
@@ -67,11 +121,12 @@ def diagnose(
     if engine is not None and engine not in known:
         fail(f"no rules for engine {engine!r}", f"use one of: {', '.join(known)} (or leave --engine out to guess)")
     try:
-        found = _logs(logs)
+        found, skipped = _logs(logs)
     except ValueError as e:
         fail(str(e), "give the path of a server log (e.g. server.log), a folder of logs, or - for stdin")
     if not found:
-        fail("no text logs among the files given", "give a server log file, a folder of logs, or - for stdin")
+        fail(f"no text logs among the files given ({len(skipped)} binary files left out)",
+             "give a server log file, a folder of logs, or - for stdin")
     results = []
     for name, lines in found:
         if not any(ln.strip() for ln in lines):
@@ -105,9 +160,13 @@ def diagnose(
         emit_json({"logs": [{"log": n, "lines": len(ls), "engine": e, **(verdict_doc(v) if v else
                                                                            {"cause": None, "note": "empty"})}
                             for n, ls, e, v in results],
-                   "summary": {"logs": len(results), "empty": len(results) - len(judged), "causes": counts}})
+                   "summary": {"logs": len(results), "empty": len(results) - len(judged), "causes": counts,
+                               "not_text": skipped}})
     else:
         _table(results, counts)
+        if skipped:
+            console.print(f"{len(skipped)} files left out as not text: " + ", ".join(skipped[:5]) +
+                          (" ..." if len(skipped) > 5 else ""), soft_wrap=True)
     raise typer.Exit(0 if all(v.ok for *_, v in judged) else 1)
 
 

@@ -168,8 +168,17 @@ class _Matcher:
         self.by_head: dict[str, list[tuple[str, list[int]]]] = {}
         for lit, idx in self.by_literal.items():
             self.by_head.setdefault(lit[:3], []).append((lit, idx))
+        self._seen: dict[str, Rule | None] = {}  # a long log repeats its lines (a warning per request)
 
     def match(self, text: str) -> Rule | None:
+        if text in self._seen:
+            return self._seen[text]
+        if len(self._seen) >= 50_000:
+            self._seen.clear()
+        found = self._seen[text] = self._match(text)
+        return found
+
+    def _match(self, text: str) -> Rule | None:
         cand = set(self.always)
         low = text.lower()
         heads = self.by_head

@@ -19,6 +19,7 @@ Each detector returns `Finding`s: a cause, the 1-based line, the text, and how s
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from dataclasses import dataclass, field
@@ -260,6 +261,7 @@ _CONSTRAINT = re.compile(r"\bmust(?: not)? be\b|\bshould be\b|\brequires?\b|\bgr
                          r"\bat (?:least|most)\b", re.I)
 
 
+@functools.lru_cache(maxsize=4096)
 def message_cause(msg: str) -> Cause | None:
     """What an exception's message names when its type does not: the cause words (a word of weight
     3, or two causes' words agreeing on one), or a setting (`--flag`, a snake_case key) held to a
