@@ -8,7 +8,9 @@
 
 The corpus is tests/data/real-logs/ (real cases from public issue threads, labelled from the thread's
 confirmed cause); split.json set the check split aside before any rule was written against the
-corpus, and misses are only ever listed for the dev split. Each log is classified the way
+corpus, and misses are only ever listed for the dev split. From the fourteenth batch on, each new batch
+sets aside its own seeded 30 % as check cases when it arrives (scripts/corpus_split.py --add-batch);
+the check line says how each part fares. Each log is classified the way
 `moelab diagnose LOG` would: the engine guessed from the log, the exit status only where the
 thread states one. The baseline is `unknown` for every case (what a tool with no rules says),
 measured in the same run. The time per log is the classifier alone, and one 1 MB log is timed too.
@@ -113,6 +115,13 @@ def main() -> int:
             "per_cause": {k: f"{r}/{n}" for k, (r, n) in sorted(per.items())},
             "confusion": [{"expected": e, "got": g, "n": n} for (e, g), n in confusion.most_common()],
         }
+        if name == "check" and split.get("batches"):
+            # the first 30 %, set aside before any rule, and each later batch's own 30 %, set aside on arrival
+            later = {n for b in split["batches"] for n in b["check"]}
+            parts = {"set_aside_first": [r for r in rows if r[0]["id"] not in later],
+                     "set_aside_from_batches": [r for r in rows if r[0]["id"] in later]}
+            doc["splits"][name]["parts"] = {k: f"{sum(g == c['expected_cause'] for c, g, _ in v)}/{len(v)}"
+                                            for k, v in parts.items()}
         if a.misses == name:
             doc["splits"][name]["misses"] = [{"id": c["id"], "expected": c["expected_cause"], "got": got}
                                              for c, got, _ in rows if got != c["expected_cause"]]
@@ -130,6 +139,9 @@ def main() -> int:
               f"ratio {s['accuracy'] / max(s['baseline_all_unknown'], 1e-9):.1f}x); "
               f"`unknown` where a cause exists: {s['unknown_answers_on_known_causes']}; "
               f"{s['ms_per_log_mean']:.2f} ms per log (max {s['ms_per_log_max']:.1f})")
+        if "parts" in s:
+            print(f"  set aside before any rule: {s['parts']['set_aside_first']}; set aside from later batches on "
+                  f"arrival, never read: {s['parts']['set_aside_from_batches']}")
         print("  per cause: " + ", ".join(f"{k} {v}" for k, v in s["per_cause"].items()))
         if s["confusion"]:
             print("  confusion (expected -> got): " + ", ".join(f"{x['expected']}->{x['got']} {x['n']}"

@@ -41,9 +41,26 @@ def problems(case: Path) -> list[str]:
     return out
 
 
+def split_problems(names: set[str]) -> list[str]:
+    """What is wrong with split.json against the cases on disk: every case in exactly one split, and
+    each later batch's cases where its record says."""
+    doc = json.loads((ROOT / "split.json").read_text())
+    dev, check = set(doc["dev"]), set(doc["check"])
+    out = [f"{n}: in both splits" for n in sorted(dev & check)]
+    out += [f"{n}: in no split (scripts/corpus_split.py --add-batch NAME)" for n in sorted(names - dev - check)]
+    out += [f"{n}: in split.json, no folder" for n in sorted((dev | check) - names)]
+    for b in doc.get("batches", []):
+        out += [f"{n}: batch {b['batch']} puts it in {side}, split.json does not"
+                for side, have in (("check", check), ("dev", dev)) for n in b[side] if n not in have]
+    return out
+
+
 def main() -> int:
     cases = sorted(p for p in ROOT.iterdir() if p.is_dir())
     bad = 0
+    for p in split_problems({c.name for c in cases}):
+        print(f"split.json: {p}")
+        bad += 1
     causes, engines, sources = Counter(), Counter(), Counter()
     for c in cases:
         for p in problems(c):

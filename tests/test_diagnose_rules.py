@@ -465,7 +465,12 @@ UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that name
            "sglang-14383": ("garbage_output", "Accuracy: 0.000"),  # an eval scored nothing; the command's
            "vllm-17005": ("garbage_output", "exact_match"),  # --trust-remote-code is no load error
            "vllm-33620": ("garbage_output", "Accuracy: 0.016"),  # not its progress bar, which repeats by design
-           "vllm-8017": ("garbage_output", "\ufffd2/")}  # half a character among whole ones, not the bar above
+           "vllm-8017": ("garbage_output", "\ufffd2/"),
+           "RTD-Action-31": ("killed_external", "Received 2 death signal"),  # older torch elastic: the number
+           "ultralytics-918": ("killed_external", "Received 1 death signal"),  # SIGHUP, glued to a progress bar
+           "vllm-19793": ("model_load_error", "does not recognize this architecture"),
+           "ollama-3010": ("model_load_error", "invalid file magic"),  # a git-lfs pointer where the GGUF should be
+           "tabbyAPI-217": ("model_load_error", "Could not find model.embed_tokens.* in model")}  # a weight's name  # half a character among whole ones, not the bar above
 
 
 @pytest.mark.parametrize("case,want", UNRULED.items(), ids=list(UNRULED))

@@ -383,7 +383,7 @@ _OOM = re.compile(r"Out of memory: Kill(?:ed)? process|oom-kill:|\boom_kill\b|Me
                   r"killed by the OOM killer|OOM killer|oom-kill event|running low on memory|ray-oom-prevention|"
                   r"memory: usage (\d+)kB, limit \1kB|"
                   r"\bTask in /\S* killed as a result of limit of")  # older kernels' memory-cgroup OOM report
-_EXTERNAL = re.compile(r"\bSIGTERM\b|signal 15\b|\b15 death signal|Received Signals\.SIG(?:HUP|INT) death signal|^Terminated$|^\[\d+\]\s+(?:\+\s+)?\d+ terminated\b|"
+_EXTERNAL = re.compile(r"\bSIGTERM\b|signal 15\b|\b(?:1|2|15) death signal|Received Signals\.SIG(?:HUP|INT) death signal|^Terminated$|^\[\d+\]\s+(?:\+\s+)?\d+ terminated\b|"
                        r"\d+ Terminated\s|exit(?:ed)? with code 143|exit(?: code|ed| status)[: ]+143|signal: terminated|"
                        r"[Ll]iveness probe failed|failed liveness probe|\bEvicted\b|Stopping container|"
                        r"DUE TO (?:TIME LIMIT|PREEMPTION|NODE FAILURE)|\b[Pp]reempt(?:ed|ion)\b|CANCELLED AT|docker stop|"
@@ -787,7 +787,8 @@ def broken_text(texts: list[str]) -> list[Finding]:
         return []  # a table of figures (a process listing, a metrics dump), not an answer
     why, at = [], None
     for n, sentence in ((n, x) for n, t in lines for x in re.split(r"(?<=[.!?])\s", t)):
-        content = [w.lower() for w in re.findall(r"[^\W_]+", sentence) if w.lower() not in _STOP]
+        # whole identifiers: "sm_50 sm_60 sm_70" names seven things, it does not say "sm" seven times
+        content = [w.lower() for w in re.findall(r"\w+", sentence) if w.lower() not in _STOP]
         again = sum(1 for i, w in enumerate(content) if w in content[max(0, i - 6):i])
         if len(content) >= 10 and again >= 3 and again >= 0.25 * len(content):
             why.append(f"{again} of {len(content)} words of one sentence said again within six words")

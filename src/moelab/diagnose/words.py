@@ -202,12 +202,21 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                               r"\b(?:requires?|need\w*|set|pass|enable|allow|execute)\b.{0,60}trust[_ -]remote[_ -]code|"
                               r"trust[_ -]remote[_ -]code\b.{0,20}\b(?:must|is required|is needed|to (?:load|run|execute))|"
                               r"\bmodel (?:type|architecture|class)\b.{0,40}\bnot (?:yet )?supported|"
-                              r"\bunsupported model (?:type|architecture)\b", 3),
-                             (r"invalid magic|corrupt\w*\b.*\b(?:file|model|weights)", 2),
+                              r"\bunsupported model (?:type|architecture)\b|"
+                              # a library that cannot place a checkpoint's model type ("... has model type qwen3_moe
+                              # but Transformers does not recognize this architecture")
+                              r"\b(?:does not|doesn't|did not|cannot|can't) recogni[sz]e (?:this|the|that) (?:model )?architecture\b", 3),
+                             (r"corrupt\w*\b.*\b(?:file|model|weights)", 2),
+                             # a file's magic bytes refused: the loader cannot read that format ("invalid file
+                             # magic", "bad magic number"), whatever the program
+                             (r"\b(?:invalid|bad|wrong|unknown|unexpected|unsupported)\b(?: \w+){0,2} magic\b", 3),
                              # the files a loader looks for, said missing in its own words ("No supported config
                              # format found in X", "wrong number of tensors; expected 255, got 254")
                              (r"\bno (?:supported |valid )?(?:config(?:uration)?|model|weights?|checkpoint|tokenizer|safetensors)\b"
                               r".{0,30}\bfound\b|\bwrong number of tensors\b|\b(?:missing|cannot find|could not find) tensor\b|"
+                              # a weight's name the loader looked for ("Could not find model.embed_tokens.* in model")
+                              r"\b(?:cannot|can't|could not|couldn't|unable to) find [\w.*]+\.[\w.*]+ in (?:the )?(?:model|checkpoint|"
+                              r"state[_ ]dict|weights)\b|"
                               r"\b(?:config|tokenizer|tokenizer_config|generation_config)\.json\b.{0,60}\b(?:not found|no such file|"
                               r"does not exist|missing)\b|\bdoes not appear to have a file named\b", 3)),
     Cause.jit_compile_error: ((r"\b(?:compil(?:e|ation)|build)\b.*\b(?:fail|error)", 2), (r"\bninja\b|\bnvcc\b|\bptxas\b|\bnvrtc\b", 2),
