@@ -470,7 +470,8 @@ UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that name
            "ultralytics-918": ("killed_external", "Received 1 death signal"),  # SIGHUP, glued to a progress bar
            "vllm-19793": ("model_load_error", "does not recognize this architecture"),
            "ollama-3010": ("model_load_error", "invalid file magic"),  # a git-lfs pointer where the GGUF should be
-           "tabbyAPI-217": ("model_load_error", "Could not find model.embed_tokens.* in model")}  # a weight's name  # half a character among whole ones, not the bar above
+           "tabbyAPI-217": ("model_load_error", "Could not find model.embed_tokens.* in model"),  # a weight's name
+           "ollama-14026": ("bad_args", "invalid environment variable")}  # a setting refused, the default used  # half a character among whole ones, not the bar above
 
 
 @pytest.mark.parametrize("case,want", UNRULED.items(), ids=list(UNRULED))

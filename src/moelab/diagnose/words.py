@@ -155,7 +155,10 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
     Cause.bad_args: ((r"\bunrecognized (?:argument|option)|\binvalid (?:value|choice|option)|"
                       r"^(?!.*\b(?:cuda|hip|cudnn|cublas|nccl|rccl|mpi|errno 22|einval|cudaError\w*)\b.{0,30}invalid argument)"
                       r".*\binvalid argument|"
-                      r"\bunknown (?:argument|option|flag|parameter|config(?:uration)? (?:key|option)|setting)s?\b", 3),
+                      r"\bunknown (?:argument|option|flag|parameter|config(?:uration)? (?:key|option)|setting)s?\b|"
+                      # a setting given through the environment and refused ("invalid environment variable, using
+                      # default key=OLLAMA_CONTEXT_LENGTH")
+                      r"\binvalid (?:environment variable|env(?:ironment)? var\w*|setting)s?\b", 3),
                      # a flag held to a requirement on an error line: "Use of '--load-model' requires setting
                      # '--model-control-mode=explicit'", "--x must be ...", "Pass --model-name or --model-path"
                      (r"(?<![\w-])--[a-z][\w-]+['\"`]?\s.{0,80}?\b(?:requires?|must|cannot|can't|is not (?:supported|allowed|valid)|"
