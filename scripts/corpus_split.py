@@ -3,6 +3,7 @@
     python3 scripts/corpus_split.py              # writes tests/data/real-logs/split.json
     python3 scripts/corpus_split.py --add-to-dev # later cases join the dev split; check is kept
     python3 scripts/corpus_split.py --add-batch fourteenth   # a new batch: its own seeded 30 % to check
+    python3 scripts/corpus_split.py --add-batch fifteenth --dropped a-1,b-2   # cases staged, then dropped
 
 Run once, before any rule is written against the corpus; the committed split.json is what every
 later measurement uses (bench/diagnose_accuracy.py). Re-running with the same cases and seed gives
@@ -51,16 +52,21 @@ def batch_split(names: list[str], batch: str) -> tuple[list[str], list[str]]:
     return [n for n in names if n not in picked], sorted(picked)
 
 
-def add_batch(batch: str) -> None:
+def add_batch(batch: str, dropped: list[str]) -> None:
+    """The batch's new folders join the splits as `batch_split` put them when the batch arrived: the
+    split is made over every staged case, the ones a second reader dropped included, so dropping a
+    case later never moves another from one side to the other."""
     path = ROOT / "split.json"
     doc = json.loads(path.read_text())
     have = set(doc["dev"]) | set(doc["check"])
     new = sorted(p.name for p in ROOT.iterdir() if p.is_dir() and p.name not in have)
     if not new:
         raise SystemExit("no new cases: copy the batch's folders into tests/data/real-logs first")
-    dev, check = batch_split(new, batch)
+    dev, check = batch_split(new + dropped, batch)
+    dev, check = [n for n in dev if n not in dropped], [n for n in check if n not in dropped]
     doc["dev"], doc["check"] = sorted(doc["dev"] + dev), sorted(doc["check"] + check)
-    doc.setdefault("batches", []).append({"batch": batch, "seed": f"{SEED}:{batch}", "dev": dev, "check": check})
+    doc.setdefault("batches", []).append({"batch": batch, "seed": f"{SEED}:{batch}", "dev": dev, "check": check,
+                                          "dropped_on_second_reading": sorted(dropped)})
     path.write_text(json.dumps(doc, indent=1) + "\n")
     print(f"batch {batch}: {len(dev)} to dev, {len(check)} to check: dev {len(doc['dev'])}, check {len(doc['check'])}")
 
@@ -69,7 +75,8 @@ def main() -> None:
     if "--add-to-dev" in sys.argv[1:]:
         return add_to_dev()
     if "--add-batch" in sys.argv[1:]:
-        return add_batch(sys.argv[sys.argv.index("--add-batch") + 1])
+        dropped = sys.argv[sys.argv.index("--dropped") + 1].split(",") if "--dropped" in sys.argv else []
+        return add_batch(sys.argv[sys.argv.index("--add-batch") + 1], dropped)
     by_cause: dict[str, list[str]] = defaultdict(list)
     for case in sorted(p for p in ROOT.iterdir() if p.is_dir()):
         by_cause[json.loads((case / "meta.json").read_text())["expected_cause"]].append(case.name)

@@ -390,7 +390,9 @@ WORDED = {"exllamav2-383": ("gpu_oom", "Insufficient VRAM"),  # exllamav2's own 
           "Halide-8288": ("kernel_resource_limit", "shared memory"),  # Vulkan's limit, worded as a spec violation
           "TensorRT-LLM-346": ("gpu_oom", "OutOfMemory"),  # TensorRT's engine builder
           "ktransformers-637": ("host_oom", "killed as a result of limit of host"),  # an older kernel's cgroup OOM
-          "autotrain-advanced-456": ("host_oom", "SIGKILL")}  # a launcher's error that its child was SIGKILLed
+          "autotrain-advanced-456": ("host_oom", "SIGKILL"),  # a launcher's error that its child was SIGKILLed
+          # rocBLAS has no kernels for gfx1032, then the abort it led to: the generic crash rule says only how it ended
+          "ollama-2823": ("unsupported_arch", "for GPU arch : gfx1032")}
 
 
 @pytest.mark.parametrize("case,want", WORDED.items(), ids=list(WORDED))
@@ -471,7 +473,8 @@ UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that name
            "vllm-19793": ("model_load_error", "does not recognize this architecture"),
            "ollama-3010": ("model_load_error", "invalid file magic"),  # a git-lfs pointer where the GGUF should be
            "tabbyAPI-217": ("model_load_error", "Could not find model.embed_tokens.* in model"),  # a weight's name
-           "ollama-14026": ("bad_args", "invalid environment variable")}  # a setting refused, the default used  # half a character among whole ones, not the bar above
+           "ollama-14026": ("bad_args", "invalid environment variable"),  # a setting refused, the default used
+           "OpenRLHF-728": ("bad_args", "Valid placement group indexes")}  # a value refused, the valid ones listed  # half a character among whole ones, not the bar above
 
 
 @pytest.mark.parametrize("case,want", UNRULED.items(), ids=list(UNRULED))

@@ -126,8 +126,20 @@ def _unquote(line: str) -> str:
 
     >>> _unquote("Killed`"), _unquote("`Special tokens have been added"), _unquote("`pip` failed")
     ('Killed', 'Special tokens have been added', '`pip` failed')
+
+    A one-line log in a span that holds spans of its own: the backtick after the first opens a span
+    (a space before it), so the first cannot have closed at it:
+
+    >>> _unquote("`ValueError: Set the `--num_processes` argument`"), _unquote("`pip` or `npm`")
+    ('ValueError: Set the `--num_processes` argument', '`pip` or `npm`')
     """
-    if "`" not in line or line.count("`") % 2 == 0 or line.startswith("```") or line.endswith("```"):
+    if "`" not in line or line.startswith("```") or line.endswith("```"):
+        return line
+    if line.count("`") % 2 == 0:
+        inner = line[1:-1] if len(line) > 2 and line[0] == line[-1] == "`" else ""
+        at = inner.find("`")
+        if at > 0 and inner[at - 1].isspace() and at + 1 < len(inner) and not inner[at + 1].isspace():
+            return inner.strip()
         return line
     if line.startswith("`"):
         return line[1:].lstrip()

@@ -149,7 +149,11 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                               r"\bno longer supports? this (?:gpu|device|card)\b|"
                               # HIP's: no code object built for this GPU
                               r"\bhipErrorNoBinaryForGpu\b|\b(?:couldn.t|coudn.t|could not|cannot|can.t) find (?:a )?binary for "
-                              r"(?:the )?(?:current )?(?:gpu|device)s?\b", 3)),
+                              r"(?:the )?(?:current )?(?:gpu|device)s?\b|"
+                              # a library's kernels for this GPU missing ("rocBLAS error: Cannot read .../TensileLibrary.dat:
+                              # No such file or directory for GPU arch : gfx1032")
+                              r"\b(?:cannot|can't|could not|couldn't|unable to|failed to) (?:read|find|load|open)\b.{0,200}"
+                              r"\bfor (?:the )?(?:gpu |device )?arch(?:itecture)?\s*:?\s*(?:gfx|sm_?)\w+", 3)),
     # "invalid argument" is also a device API's or the OS's refusal of a value (cudaErrorInvalidValue's "CUDA
     # error: invalid argument", EINVAL's "[Errno 22] Invalid argument"), which no flag caused
     Cause.bad_args: ((r"\bunrecognized (?:argument|option)|\binvalid (?:value|choice|option)|"
@@ -158,7 +162,11 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                       r"\bunknown (?:argument|option|flag|parameter|config(?:uration)? (?:key|option)|setting)s?\b|"
                       # a setting given through the environment and refused ("invalid environment variable, using
                       # default key=OLLAMA_CONTEXT_LENGTH")
-                      r"\binvalid (?:environment variable|env(?:ironment)? var\w*|setting)s?\b", 3),
+                      r"\binvalid (?:environment variable|env(?:ironment)? var\w*|setting)s?\b|"
+                      # a value refused with the values that are allowed ("placement group bundle index 6 is invalid.
+                      # Valid placement group indexes: 0-4")
+                      r"\bis (?:invalid|not valid)\b.{0,40}\b(?:valid|allowed|supported) (?:[\w-]+ ){0,3}(?:values?|options?|"
+                      r"choices?|indexes|indices|range|ones)\b", 3),
                      # a flag held to a requirement on an error line: "Use of '--load-model' requires setting
                      # '--model-control-mode=explicit'", "--x must be ...", "Pass --model-name or --model-path"
                      (r"(?<![\w-])--[a-z][\w-]+['\"`]?\s.{0,80}?\b(?:requires?|must|cannot|can't|is not (?:supported|allowed|valid)|"
