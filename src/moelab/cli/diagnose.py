@@ -76,6 +76,9 @@ def text_of(data: bytes) -> str | None:
     'RuntimeError: CUDA error\n'
     >>> text_of(b"\x7fELF\x02\x01\x01\x00\x00\x00") is None, text_of(bytes(range(1, 256))) is None
     (True, True)
+    >>> text_of("Killed\r\n".encode("utf-16-le"))
+    'Killed\r\n'
+
     """
     if data[:2] == b"\x1f\x8b":
         try:
@@ -89,8 +92,9 @@ def text_of(data: bytes) -> str | None:
         if data.startswith(bom):
             return data.decode(codec, errors="replace")
     head = data[:4096]
-    if head[1::2].count(0) > 0.4 * len(head[1::2]) and head[1::2]:  # UTF-16LE without its mark
-        return data.decode("utf-16-le", errors="replace")
+    pairs = list(zip(head[0::2], head[1::2]))
+    if pairs and sum(hi == 0 and (32 <= lo < 127 or lo in (9, 10, 13)) for lo, hi in pairs) > 0.9 * len(pairs):
+        return data.decode("utf-16-le", errors="replace")  # UTF-16LE without its mark: ASCII text, NUL after each
     if b"\0" in head or sum(head.count(c) for c in _CONTROL) > 0.02 * len(head):
         return None  # NULs, or control bytes no terminal output holds: an executable, an image, a core
     return data.decode("utf-8", errors="replace")
