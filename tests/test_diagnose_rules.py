@@ -474,7 +474,8 @@ UNRULED = {"AFProfile-8": ("gpu_oom", "RESOURCE_EXHAUSTED"),  # memory that name
            "ollama-3010": ("model_load_error", "invalid file magic"),  # a git-lfs pointer where the GGUF should be
            "tabbyAPI-217": ("model_load_error", "Could not find model.embed_tokens.* in model"),  # a weight's name
            "ollama-14026": ("bad_args", "invalid environment variable"),  # a setting refused, the default used
-           "OpenRLHF-728": ("bad_args", "Valid placement group indexes")}  # a value refused, the valid ones listed  # half a character among whole ones, not the bar above
+           "OpenRLHF-728": ("bad_args", "Valid placement group indexes"),  # a value refused, the valid ones listed
+           "sglang-2796": ("bad_args", "cannot be converted to 'Sequence'")}  # a Rust router's argument, PyO3's words  # half a character among whole ones, not the bar above
 
 
 @pytest.mark.parametrize("case,want", UNRULED.items(), ids=list(UNRULED))

@@ -166,7 +166,10 @@ WORDS: dict[Cause, tuple[tuple[str, float], ...]] = {
                       # a value refused with the values that are allowed ("placement group bundle index 6 is invalid.
                       # Valid placement group indexes: 0-4")
                       r"\bis (?:invalid|not valid)\b.{0,40}\b(?:valid|allowed|supported) (?:[\w-]+ ){0,3}(?:values?|options?|"
-                      r"choices?|indexes|indices|range|ones)\b", 3),
+                      r"choices?|indexes|indices|range|ones)\b|"
+                      # a Rust extension's (PyO3's) refusal of an argument's type ("argument 'worker_urls': 'NoneType'
+                      # object cannot be converted to 'Sequence'")
+                      r"\bargument '[\w-]+': .{0,80}\bcannot be converted to\b", 3),
                      # a flag held to a requirement on an error line: "Use of '--load-model' requires setting
                      # '--model-control-mode=explicit'", "--x must be ...", "Pass --model-name or --model-path"
                      (r"(?<![\w-])--[a-z][\w-]+['\"`]?\s.{0,80}?\b(?:requires?|must|cannot|can't|is not (?:supported|allowed|valid)|"
