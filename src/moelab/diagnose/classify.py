@@ -168,14 +168,19 @@ class _Matcher:
         self.by_head: dict[str, list[tuple[str, list[int]]]] = {}
         for lit, idx in self.by_literal.items():
             self.by_head.setdefault(lit[:3], []).append((lit, idx))
-        self._seen: dict[str, Rule | None] = {}  # a long log repeats its lines (a warning per request)
+        # a long log repeats its lines (a warning per request, the server's arguments at each start): a
+        # line is matched once, and what is remembered stays under 16 M characters
+        self._seen: dict[str, Rule | None] = {}
+        self._seen_chars = 0
 
     def match(self, text: str) -> Rule | None:
         if text in self._seen:
             return self._seen[text]
-        if len(self._seen) >= 50_000:
+        if self._seen_chars + len(text) > 16_000_000:
             self._seen.clear()
+            self._seen_chars = 0
         found = self._seen[text] = self._match(text)
+        self._seen_chars += len(text)
         return found
 
     def _match(self, text: str) -> Rule | None:

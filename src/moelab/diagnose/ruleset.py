@@ -61,31 +61,42 @@ class Rule:
 
 
 def required_literals(pattern: str, min_len: int = 3) -> tuple[str, ...] | None:
-    """For each top-level alternative of `pattern`, its longest run of plain characters that any
-    match must contain (lower-cased); None when an alternative has no such run.
+    """Literals (lower-cased) of which every match of `pattern` contains at least one; None when
+    some way to match needs no plain run of `min_len` characters. Each alternative gives its longest
+    plain run or, lacking one, the literals of the branches of a group it must pass through.
 
         >>> required_literals(r"CUDA out of memory\\. Tried|cudaMalloc(?:Async)? failed")
         ('cuda out of memory. tried', 'cudamalloc')
+        >>> required_literals(r"(?:couldn.t|failed to) (?:bind|listen)\\b|^(?:sh|bash): \\S+: not found$")
+        (': not found', 'couldn', 'failed to')
+        >>> required_literals(r"\\) must be <|x") is None
+        True
     """
     try:
         parsed = _sre.parse(pattern)
     except re.error:
         return None
-    items = list(parsed)
-    branches = [list(b) for b in items[0][1][1]] if len(items) == 1 and items[0][0] is BRANCH else [items]
-    out = []
-    for seq in branches:
-        best, run = "", ""
-        for op, av in _flatten(seq):
-            if op is LITERAL:
-                run += chr(av)
-                best = max(best, run, key=len)
-            else:
-                run = ""
-        if len(best.strip()) < min_len:
-            return None
-        out.append(best.lower())
-    return tuple(out)
+    found = _required(list(parsed), min_len)
+    return tuple(sorted(found)) if found else None
+
+
+def _required(seq, min_len: int) -> set[str] | None:
+    best, run, through = "", "", None
+    for op, av in _flatten(seq):
+        if op is LITERAL:
+            run += chr(av)
+            best = max(best, run, key=len)
+            continue
+        run = ""
+        if through is None and op in (BRANCH, SUBPATTERN):
+            # a group the match must pass through: each of its branches has its own literals
+            branches = av[1] if op is BRANCH else [av[-1]]
+            sets = [_required(list(b), min_len) for b in branches]
+            if all(sets):
+                through = set().union(*sets)
+    if len(best.strip()) >= min_len:
+        return {best.lower()}
+    return through
 
 
 def _flatten(seq):

@@ -261,7 +261,7 @@ _CONSTRAINT = re.compile(r"\bmust(?: not)? be\b|\bshould be\b|\brequires?\b|\bgr
                          r"\bat (?:least|most)\b", re.I)
 
 
-@functools.lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=1024)  # a long log raises the same exception again and again
 def message_cause(msg: str) -> Cause | None:
     """What an exception's message names when its type does not: the cause words (a word of weight
     3, or two causes' words agreeing on one), or a setting (`--flag`, a snake_case key) held to a
