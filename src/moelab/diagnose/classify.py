@@ -382,9 +382,9 @@ def classify(lines: list[str], *, exit_code: int | None = None, signal: int | No
             decided = Finding(Cause.bad_args, decided.line, decided.text, "structure", 0.6,
                               source=f"structure: the error names {env[1]}, set on the command line (line {env[0]}): "
                                      "its value was refused")
-        # the crash read from its report, or by the generic rule that only says a process crashed
-        crash = decided.cause is Cause.native_crash and (decided.layer == "structure" or decided.rule_id == "native-crash") \
-            and all(f.cause in (Cause.native_crash, Cause.unknown) for f in known)
+        # the crash read from its report, or by a generic rule, which only says that a process crashed
+        crash = decided.cause is Cause.native_crash and all(f.cause in (Cause.native_crash, Cause.unknown) for f in known) \
+            and (decided.layer == "structure" or any(r.id == decided.rule_id and r.engine == "generic" for r in rules))
         if (decided.cause is Cause.unknown and not known or crash) and (decided.line or 0) > 1:
             # a plain bug's exception after a line that said a cause in so many words ("Model type mllama
             # not supported.", then the ModuleNotFoundError it led to): the words say what went wrong first.
